@@ -1,0 +1,38 @@
+# The two quick-start commands (`make run`, `make test`) install what is missing, configure,
+# build incrementally into $(BUILD), then run. Everything else is a convenience around them.
+BUILD ?= build
+TYPE  ?= RelWithDebInfo
+JOBS  ?= $(shell nproc)
+CMAKE_ARGS ?=
+# Tests run with one job per core; the kill-loop tests start many processes each.
+CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
+
+.PHONY: all deps configure build run test bench asan install-check clean
+
+all: build
+
+deps:
+	@tools/install-deps.sh
+
+configure: deps
+	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) $(CMAKE_ARGS); fi
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(BUILD)/tools/ferry-demo
+
+test: build
+	cd $(BUILD) && ctest $(CTEST_ARGS)
+
+bench: build
+	$(BUILD)/test/bench/ferry-bench --json $(BUILD)/bench.json
+
+# The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+asan:
+	$(MAKE) test BUILD=build-asan TYPE=Asan
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,96 @@
+// Helpers for tests that cross real process boundaries.
+#pragma once
+
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+
+namespace ferry::test {
+
+// Exit code a child uses to say "skipped" (it printed why).
+inline constexpr int kSkip = 77;
+
+// Runs `fn` in a forked child that dies with the test process. The child exits 0 when fn
+// returns, 1 when it throws (printing what), or with the code fn passed to _exit itself.
+inline pid_t fork_child(const std::function<void()>& fn) {
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(3);
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child %d failed: %s\n", static_cast<int>(::getpid()), e.what());
+    ::_exit(1);
+  } catch (...) {
+    ::_exit(2);
+  }
+  ::_exit(0);
+}
+
+// Waits for `pid`; kills it and fails the test if it outlives `timeout`. Returns its exit code,
+// or 128 + signal when a signal ended it.
+inline int wait_child(pid_t pid, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL("child " << pid << " hung past " << timeout.count() << " s and was killed");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Runs `fn` in a child and requires it to succeed; a child that skipped makes the test pass
+// with a visible note.
+inline void in_child(const std::function<void()>& fn) {
+  const int code = wait_child(fork_child(fn));
+  if (code == kSkip) {
+    WARN("skipped in the child (reason printed above)");
+    return;
+  }
+  REQUIRE(code == 0);
+}
+
+// In a (single-threaded) child: replaces /dev/shm, in a private mount namespace, with a tmpfs of
+// `bytes` (a container's small /dev/shm, nothing changed outside the child) and returns its
+// path, or exits the child with kSkip when this machine does not allow it.
+inline std::string private_tmpfs(std::size_t bytes) {
+  if (::unshare(CLONE_NEWNS) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    std::fprintf(stderr, "SKIP: cannot make a private mount namespace here (%s); needs root\n",
+                 std::strerror(errno));
+    ::_exit(kSkip);
+  }
+  const std::string opts = "size=" + std::to_string(bytes);
+  if (::mount("tmpfs", "/dev/shm", "tmpfs", 0, opts.c_str()) != 0) {
+    std::fprintf(stderr, "SKIP: cannot mount a tmpfs (%s)\n", std::strerror(errno));
+    ::_exit(kSkip);
+  }
+  return "/dev/shm";
+}
+
+}  // namespace ferry::test

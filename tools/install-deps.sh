@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ferry builds against, and only those that are missing,
+# so that `make run` and `make test` work on a fresh machine and cost nothing afterwards.
+set -euo pipefail
+
+packages=(cmake make g++ pkg-config libtorch-dev libboost-dev catch2 libspdlog-dev libcli11-dev
+          nlohmann-json3-dev libbenchmark-dev python3-torch)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "ferry: installing missing packages: ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null; then
+  sudo=(sudo)
+else
+  echo "ferry: need root (or sudo) to install: ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
