@@ -1,0 +1,19 @@
+// Futex wait and wake on a 32-bit word in shared memory. Waits always carry a timeout so a
+// caller can re-check its condition (and whether its peer is still alive) on a schedule.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace ferry {
+
+// Sleeps while *word == expected, for at most `timeout`. Returns on wake, timeout, a signal or
+// a changed word; callers re-check their condition in every case.
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
+                std::chrono::nanoseconds timeout) noexcept;
+
+// Wakes every waiter on *word in any process.
+void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept;
+
+}  // namespace ferry

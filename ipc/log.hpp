@@ -1,0 +1,12 @@
+// ferry's logger: quiet by default (warnings and errors only), `FERRY_LOG=debug` (or trace,
+// info, warn, error, off) for detail. Everything ferry says goes through it, to stderr.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+namespace ferry {
+
+// The process-wide "ferry" logger, created on first use with the level from FERRY_LOG.
+spdlog::logger& log();
+
+}  // namespace ferry

@@ -1,0 +1,26 @@
+// Peers' segments as mapped in this process: each one mapped once and reused for every tensor
+// that lives in it, so a warm receiver makes no mmap or fd-passing call. Keyed by the owner's
+// token and the segment's sequence number (a pid alone is reused; a token is not).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace ferry {
+
+class Segment;
+
+// The mapping of owner's segment `seq` (fetching and mapping it on first use). `expected_size`
+// comes from the record and must match the file. A segment of this process is returned as is.
+std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_token,
+                                          std::uint32_t seq, std::size_t expected_size,
+                                          std::chrono::milliseconds timeout);
+
+// Drops cached mappings whose owner has exited (tensors still using them keep them alive).
+void forget_dead_peers();
+
+}  // namespace ferry

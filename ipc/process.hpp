@@ -1,0 +1,21 @@
+// Facts about processes that the lease ledger and the channels rely on.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+
+namespace ferry {
+
+// True while `pid` names a process that has not exited. A zombie (exited, not yet reaped) counts
+// as dead: its memory and leases are gone even though kill(pid, 0) still succeeds.
+bool process_alive(pid_t pid) noexcept;
+
+// This process's pid, cached and refreshed after fork.
+pid_t current_pid() noexcept;
+
+// A random 64-bit token chosen once per process (and again in a forked child): with the pid it
+// names a process unambiguously in records, sockets and caches.
+std::uint64_t process_token() noexcept;
+
+}  // namespace ferry

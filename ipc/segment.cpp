@@ -1,0 +1,117 @@
+#include "ipc/segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "ipc/error.hpp"
+#include "ipc/log.hpp"
+#include "ipc/process.hpp"
+#include "ipc/stats.hpp"
+#include "ipc/units.hpp"
+
+namespace ferry {
+namespace {
+
+// A nameless file in `dir`. O_TMPFILE leaves no name to leak at any instant; the named fallback
+// (for filesystems without O_TMPFILE) unlinks straight after creation.
+UniqueFd create_nameless(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return UniqueFd(fd);
+  int err = errno;
+  if (err != EOPNOTSUPP && err != EISDIR && err != EINVAL) {
+    throw_errno(Errc::shm_failed,
+                "cannot create a shared-memory segment in '" + dir +
+                    "' (set FERRY_SHM_DIR to a writable tmpfs directory)",
+                err);
+  }
+  static std::atomic<unsigned> counter{0};
+  std::string name = "ferry-" + std::to_string(current_pid()) + "-" +
+                     std::to_string(counter.fetch_add(1));
+  if (dir == "/dev/shm") {
+    fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) ::shm_unlink(("/" + name).c_str());
+  } else {
+    std::string path = dir + "/" + name;
+    fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) ::unlink(path.c_str());
+  }
+  if (fd < 0) {
+    throw_errno(Errc::shm_failed, "cannot create a shared-memory segment in '" + dir + "'", errno);
+  }
+  return UniqueFd(fd);
+}
+
+[[noreturn]] void throw_exhausted(const std::string& dir, std::size_t size, int err) {
+  struct statvfs vfs {};
+  std::string free_part = "free space unknown";
+  if (::statvfs(dir.c_str(), &vfs) == 0) {
+    const std::uint64_t total = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
+    const std::uint64_t avail = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    free_part = format_bytes(avail) + " free of " + format_bytes(total);
+  }
+  throw Error(Errc::shm_exhausted,
+              "cannot reserve " + format_bytes(size) + " (" + std::to_string(size) +
+                  " bytes) of shared memory in " + dir + ": " + free_part + " (" +
+                  std::strerror(err) +
+                  "). Remedy: give the container more shared memory (docker run --shm-size=8g, "
+                  "or --ipc=host; Kubernetes: mount a memory-backed emptyDir at /dev/shm), free "
+                  "what other jobs left behind, or set FERRY_SHM_DIR to a larger tmpfs");
+}
+
+}  // namespace
+
+std::string default_shm_dir() {
+  const char* env = std::getenv("FERRY_SHM_DIR");
+  return env && *env ? std::string(env) : std::string("/dev/shm");
+}
+
+std::shared_ptr<Segment> Segment::create(std::size_t size, const std::string& dir) {
+  if (size == 0) throw Error(Errc::invalid_argument, "a segment of 0 bytes was asked for");
+  UniqueFd fd = create_nameless(dir);
+  // posix_fallocate returns the error instead of setting errno; EINTR can come from a signal
+  // arriving during a large reservation, so it is retried.
+  int rc;
+  do {
+    rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+  } while (rc == EINTR);
+  if (rc == ENOSPC || rc == EFBIG || rc == ENOMEM) throw_exhausted(dir, size, rc);
+  if (rc != 0) {
+    throw_errno(Errc::shm_failed, "cannot reserve " + format_bytes(size) + " in " + dir, rc);
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) {
+    throw_errno(Errc::shm_failed, "cannot map a segment of " + format_bytes(size), errno);
+  }
+  detail::bump(detail::counters().segments_created);
+  log().debug("segment created: {} in {} (fd {})", format_bytes(size), dir, fd.get());
+  return std::shared_ptr<Segment>(new Segment(std::move(fd), static_cast<std::byte*>(p), size));
+}
+
+std::shared_ptr<Segment> Segment::attach(UniqueFd fd, std::size_t expected_size, bool keep_fd) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::shm_failed, "fstat of a segment fd", errno);
+  const auto actual = static_cast<std::size_t>(st.st_size);
+  if (actual == 0 || (expected_size != 0 && actual != expected_size)) {
+    throw Error(Errc::shm_failed, "segment fd has " + std::to_string(actual) +
+                                      " bytes, the record says " + std::to_string(expected_size));
+  }
+  void* p = ::mmap(nullptr, actual, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) {
+    throw_errno(Errc::shm_failed, "cannot map a peer's segment of " + format_bytes(actual), errno);
+  }
+  if (!keep_fd) fd.reset();
+  return std::shared_ptr<Segment>(new Segment(std::move(fd), static_cast<std::byte*>(p), actual));
+}
+
+Segment::~Segment() { ::munmap(data_, size_); }
+
+}  // namespace ferry

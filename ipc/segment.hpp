@@ -1,0 +1,50 @@
+// Segment: one region of POSIX shared memory, mapped once in this process.
+//
+// Created nameless (O_TMPFILE in the shm directory; shm_open + immediate unlink where O_TMPFILE
+// is unsupported), so a process killed at any instant leaves nothing in /dev/shm: the memory
+// lives exactly as long as some process holds its fd or a mapping. Peers get the fd by
+// SCM_RIGHTS. Every byte is reserved with posix_fallocate at creation, so a full filesystem is
+// an Error(shm_exhausted) now instead of a SIGBUS on first touch later.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ipc/fd.hpp"
+
+namespace ferry {
+
+// The directory segments are created in: $FERRY_SHM_DIR if set, else /dev/shm.
+std::string default_shm_dir();
+
+class Segment {
+ public:
+  // Creates and maps a segment of `size` bytes in `dir` with every byte reserved. Throws
+  // Error(shm_exhausted) naming the bytes asked, the bytes free and the remedy when it won't fit.
+  static std::shared_ptr<Segment> create(std::size_t size, const std::string& dir = default_shm_dir());
+
+  // Maps a segment from an fd received from its owner. `expected_size` (0: take the file's size)
+  // is checked against the file so a truncated or wrong fd is an error, not a later SIGBUS.
+  // keep_fd: keep the fd open (to pass it on); otherwise it is closed once mapped.
+  static std::shared_ptr<Segment> attach(UniqueFd fd, std::size_t expected_size = 0,
+                                         bool keep_fd = false);
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  int fd() const noexcept { return fd_.get(); }  // -1 once closed after mapping
+
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+ private:
+  Segment(UniqueFd fd, std::byte* data, std::size_t size) noexcept
+      : fd_(std::move(fd)), data_(data), size_(size) {}
+  UniqueFd fd_;
+  std::byte* data_;
+  std::size_t size_;
+};
+
+}  // namespace ferry

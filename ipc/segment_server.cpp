@@ -1,0 +1,239 @@
+#include "ipc/segment_server.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "ipc/error.hpp"
+#include "ipc/log.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/stats.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint32_t kRequestMagic = 0x46525153;  // "FRQS"
+constexpr std::uint32_t kFound = 1, kMissing = 2;
+
+struct Request {
+  std::uint32_t magic;
+  std::uint32_t seq;
+};
+struct Reply {
+  std::uint32_t status;
+  std::uint32_t pad;
+  std::uint64_t size;
+};
+
+socklen_t socket_address(pid_t pid, std::uint64_t token, sockaddr_un* addr) {
+  std::memset(addr, 0, sizeof *addr);
+  addr->sun_family = AF_UNIX;
+  // Abstract namespace (leading NUL): nothing on disk to leak when the owner dies.
+  int n = std::snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "ferry-seg-%d-%016llx",
+                        static_cast<int>(pid), static_cast<unsigned long long>(token));
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// One per process. A forked child gets a fresh one: the parent's (inherited as a copy) is left
+// alone and leaked, because tensors the child inherited may still point into its segments.
+struct Server {
+  pid_t pid = 0;
+  int listen_fd = -1;
+  std::unordered_map<std::uint32_t, std::shared_ptr<Segment>> segments;
+};
+
+std::mutex g_mu;
+Server* g_server = nullptr;
+
+[[maybe_unused]] const int g_atfork = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
+                                                     [] { g_mu.unlock(); });
+
+void serve_one(int conn) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
+    return;  // only processes of our own user may map our memory
+  }
+  pollfd p{conn, POLLIN, 0};
+  if (::poll(&p, 1, 1000) != 1) return;  // a peer that connects and says nothing is dropped
+  Request req{};
+  if (::recv(conn, &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req) ||
+      req.magic != kRequestMagic) {
+    return;
+  }
+  std::shared_ptr<Segment> seg;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_server->segments.find(req.seq);
+    if (it != g_server->segments.end()) seg = it->second;
+  }
+  Reply reply{seg ? kFound : kMissing, 0, seg ? seg->size() : 0};
+  iovec iov{&reply, sizeof reply};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (seg) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    const int fd = seg->fd();
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ::sendmsg(conn, &msg, MSG_NOSIGNAL);
+}
+
+void serve_forever(int listen_fd) {
+  for (;;) {
+    int conn = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        log().warn("segment server: out of file descriptors, retrying (raise ulimit -n)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      log().error("segment server stopped: accept: {}", std::strerror(errno));
+      return;
+    }
+    serve_one(conn);
+    ::close(conn);
+  }
+}
+
+// Called with g_mu held.
+Server& local_server() {
+  if (g_server && g_server->pid == current_pid()) return *g_server;
+  auto* s = new Server;  // never freed: the serving thread uses it until the process exits
+  s->pid = current_pid();
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw_errno(Errc::system, "segment server: socket", errno);
+  sockaddr_un addr{};
+  socklen_t len = socket_address(s->pid, process_token(), &addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw_errno(Errc::system, "segment server: bind/listen", err);
+  }
+  s->listen_fd = fd;
+  std::thread(serve_forever, fd).detach();
+  g_server = s;
+  log().debug("segment server listening for pid {}", s->pid);
+  return *s;
+}
+
+bool recv_with_fd(int sock, Reply* reply, UniqueFd* fd) {
+  iovec iov{reply, sizeof *reply};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof *reply)) return false;
+  if (msg.msg_flags & MSG_CTRUNC) {
+    throw Error(Errc::fd_transfer,
+                "a segment fd was dropped on arrival: this process is out of file descriptors "
+                "(raise ulimit -n)");
+  }
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c), sizeof received);
+      fd->reset(received);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  local_server().segments[seq] = std::move(segment);
+}
+
+void withdraw_segment(std::uint32_t seq) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_server && g_server->pid == current_pid()) g_server->segments.erase(seq);
+}
+
+std::shared_ptr<Segment> find_published_segment(std::uint32_t seq) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_server || g_server->pid != current_pid()) return nullptr;
+  auto it = g_server->segments.find(seq);
+  return it == g_server->segments.end() ? nullptr : it->second;
+}
+
+UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
+                          std::chrono::milliseconds timeout) {
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock) throw_errno(Errc::fd_transfer, "socket for a segment fetch", errno);
+  if (timeout.count() >= 0) {
+    timeval tv{static_cast<time_t>(timeout.count() / 1000),
+               static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+    ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  sockaddr_un addr{};
+  socklen_t len = socket_address(owner_pid, owner_token, &addr);
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int err = errno;
+    if (!process_alive(owner_pid)) {
+      throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +
+                                       ") exited before its segment " + std::to_string(seq) +
+                                       " was mapped here; its tensor is lost");
+    }
+    throw_errno(Errc::fd_transfer,
+                "cannot reach the segment server of pid " + std::to_string(owner_pid) +
+                    " (is it in another network namespace?)",
+                err);
+  }
+  Request req{kRequestMagic, seq};
+  if (::send(sock.get(), &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) {
+    throw_errno(Errc::fd_transfer, "sending a segment request to pid " + std::to_string(owner_pid),
+                errno);
+  }
+  Reply reply{};
+  UniqueFd fd;
+  if (!recv_with_fd(sock.get(), &reply, &fd)) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      throw Error(Errc::timeout, "pid " + std::to_string(owner_pid) + " did not hand over segment " +
+                                     std::to_string(seq) + " within " +
+                                     std::to_string(timeout.count()) + " ms");
+    }
+    if (!process_alive(owner_pid)) {
+      throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +
+                                       ") exited while handing over segment " +
+                                       std::to_string(seq));
+    }
+    throw Error(Errc::fd_transfer, "pid " + std::to_string(owner_pid) +
+                                       " closed the connection without an answer (too many open "
+                                       "files there? raise ulimit -n)");
+  }
+  if (reply.status != kFound || !fd) {
+    throw Error(Errc::fd_transfer, "pid " + std::to_string(owner_pid) + " no longer has segment " +
+                                       std::to_string(seq));
+  }
+  detail::bump(detail::counters().fds_fetched);
+  return fd;
+}
+
+}  // namespace ferry

@@ -1,0 +1,35 @@
+// The segment server: how a peer gets the fd of a segment this process owns.
+//
+// Each process that owns segments listens on an abstract Unix socket named by its pid and
+// process token. A receiver that meets a segment it has not mapped asks the owner once and gets
+// the fd by SCM_RIGHTS; it maps it and caches the mapping (peer_segments.hpp), so steady-state
+// sends make no fd-passing call. A small thread serves the socket so that an owner busy in user
+// code (or blocked on a full queue) still answers. It takes one lock, held only for a map lookup
+// and across fork (pthread_atfork), so it cannot deadlock a forked child; the child starts its
+// own server when it first publishes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "ipc/fd.hpp"
+
+namespace ferry {
+
+class Segment;
+
+// Makes `segment` fetchable by peers as (this process, seq) until withdrawn.
+void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment);
+void withdraw_segment(std::uint32_t seq);
+// This process's own published segment `seq`, or null.
+std::shared_ptr<Segment> find_published_segment(std::uint32_t seq);
+
+// Fetches the fd of segment `seq` from its owner. Throws Error(peer_dead) when the owner has
+// exited, Error(fd_transfer) when it refuses or no longer has the segment, Error(timeout).
+UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
+                          std::chrono::milliseconds timeout);
+
+}  // namespace ferry

@@ -1,0 +1,45 @@
+#include "ipc/stats.hpp"
+
+namespace ferry {
+
+const char* copy_reason_name(CopyReason r) noexcept {
+  switch (r) {
+    case CopyReason::not_shared: return "not_shared";
+    case CopyReason::received: return "received";
+    case CopyReason::foreign_arena: return "foreign_arena";
+    case CopyReason::detached: return "detached";
+    case CopyReason::count_: break;
+  }
+  return "unknown";
+}
+
+namespace detail {
+StatCounters& counters() noexcept {
+  static StatCounters c;
+  return c;
+}
+}  // namespace detail
+
+TransportStats transport_stats() noexcept {
+  auto& c = detail::counters();
+  auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  TransportStats s;
+  s.messages_sent = ld(c.messages_sent);
+  s.messages_received = ld(c.messages_received);
+  s.tensors_zero_copy = ld(c.tensors_zero_copy);
+  s.bytes_zero_copy = ld(c.bytes_zero_copy);
+  s.tensors_copied = ld(c.tensors_copied);
+  s.bytes_copied = ld(c.bytes_copied);
+  for (int i = 0; i < static_cast<int>(CopyReason::count_); ++i) {
+    s.copies_by_reason[i] = ld(c.copies_by_reason[i]);
+  }
+  s.tensors_received = ld(c.tensors_received);
+  s.bytes_received = ld(c.bytes_received);
+  s.segments_created = ld(c.segments_created);
+  s.segments_mapped = ld(c.segments_mapped);
+  s.fds_fetched = ld(c.fds_fetched);
+  s.leases_reclaimed = ld(c.leases_reclaimed);
+  return s;
+}
+
+}  // namespace ferry
