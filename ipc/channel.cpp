@@ -1,0 +1,456 @@
+#include "ipc/channel.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "ipc/error.hpp"
+#include "ipc/futex.hpp"
+#include "ipc/log.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
+constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kProducer = 1;
+constexpr std::uint32_t kConsumer = 2;
+constexpr std::size_t kParticipants = 32;
+constexpr std::size_t kSlotHeader = 8;
+// Waits are sliced so a waiter re-checks closing and peer death even if a wake is lost (a
+// process killed between its commit and its wake never wakes anyone).
+constexpr std::chrono::milliseconds kWaitSlice{100};
+// Checking peers reads /proc, so a busy waiter does it at most this often.
+constexpr std::chrono::milliseconds kPeerCheckInterval{100};
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
+
+// A participant entry packs pid and roles in one word so it is claimed, extended and recycled
+// with one compare-exchange: no reader ever sees a new pid with a previous owner's roles.
+constexpr std::uint64_t pack(pid_t pid, std::uint32_t roles) {
+  return static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) |
+         (static_cast<std::uint64_t>(roles) << 32);
+}
+constexpr pid_t pid_of(std::uint64_t entry) {
+  return static_cast<pid_t>(static_cast<std::uint32_t>(entry));
+}
+constexpr std::uint32_t roles_of(std::uint64_t entry) {
+  return static_cast<std::uint32_t>(entry >> 32);
+}
+
+std::string ms_text(std::chrono::milliseconds ms) {
+  return std::to_string(ms.count()) + " ms";
+}
+
+// The layout at the start of the segment. Defined outside Channel so namespace-scope helpers can
+// name it; Channel::Header is this type.
+struct RingHeader {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t capacity;
+  std::uint32_t record_size;  // already rounded up to 8
+  std::uint32_t slot_size;    // kSlotHeader + record_size
+  pthread_mutex_t mutex;
+  // head and tail are positions since creation; each changes only by the single commit store at
+  // the end of a critical section.
+  alignas(64) std::atomic<std::uint64_t> head;
+  std::atomic<std::uint64_t> tail;
+  alignas(64) std::atomic<std::uint32_t> not_empty_seq;
+  std::atomic<std::uint32_t> not_full_seq;
+  std::atomic<std::uint32_t> closed;
+  // Roles of dead participants whose entries were recycled: their death must still count.
+  std::atomic<std::uint32_t> dead_roles;
+  alignas(64) std::atomic<std::uint64_t> participants[kParticipants];
+};
+
+constexpr std::size_t kHeaderBytes = (sizeof(RingHeader) + 63) / 64 * 64;
+
+// Deadline arithmetic shared by push and pop; kForever (any negative timeout) never expires.
+class Deadline {
+ public:
+  explicit Deadline(std::chrono::milliseconds timeout)
+      : forever_(timeout.count() < 0),
+        at_(Clock::now() + std::max(timeout, std::chrono::milliseconds(0))) {}
+  bool passed() const { return !forever_ && Clock::now() >= at_; }
+  std::chrono::nanoseconds slice() const {
+    if (forever_) return kWaitSlice;
+    return std::clamp<std::chrono::nanoseconds>(at_ - Clock::now(), std::chrono::nanoseconds(0),
+                                                kWaitSlice);
+  }
+
+ private:
+  bool forever_;
+  Clock::time_point at_;
+};
+
+// Holds the ring mutex; a previous owner's death is repaired on the way in, which is sound
+// because an owner that dies before its commit store has changed nothing a reader can see.
+//
+// The lock is taken in timed slices, not with a plain pthread_mutex_lock: an unlock wakes a
+// single waiter and clears the waiters bit, so if that waiter is SIGKILLed before it takes the
+// lock, and another process takes and releases it meanwhile, the remaining waiters are never
+// woken. A sliced wait turns that lost wake-up into a delay of at most one slice.
+class RingLock {
+ public:
+  RingLock(pthread_mutex_t* mutex, const Deadline& deadline, const char* op,
+           std::chrono::milliseconds timeout)
+      : mutex_(mutex) {
+    int rc;
+    for (;;) {
+      timespec until{};
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_nsec += static_cast<long>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(kWaitSlice).count());
+      until.tv_sec += until.tv_nsec / 1'000'000'000;
+      until.tv_nsec %= 1'000'000'000;
+      rc = pthread_mutex_clocklock(mutex_, CLOCK_MONOTONIC, &until);
+      if (rc != ETIMEDOUT) break;
+      if (deadline.passed()) {
+        throw Error(Errc::timeout, std::string(op) + " timed out after " + ms_text(timeout) +
+                                       " waiting for the channel lock, which another process "
+                                       "holds (a slow claim callback?); pass a longer timeout");
+      }
+    }
+    if (rc == EOWNERDEAD) {
+      ferry::log().debug("channel: a process died holding the ring lock; recovered");
+      rc = pthread_mutex_consistent(mutex_);
+      if (rc != 0) {
+        pthread_mutex_unlock(mutex_);
+        throw_errno(Errc::system, "pthread_mutex_consistent on the channel lock", rc);
+      }
+    } else if (rc == ENOTRECOVERABLE) {
+      throw Error(Errc::system,
+                  "the channel lock is unrecoverable (a previous owner died and its recovery "
+                  "failed); create a new channel");
+    } else if (rc != 0) {
+      throw_errno(Errc::system, "pthread_mutex_clocklock on the channel lock", rc);
+    }
+  }
+  ~RingLock() {
+    if (int rc = pthread_mutex_unlock(mutex_); rc != 0) {
+      ferry::log().error("channel: unlocking the ring lock failed: {}", std::strerror(rc));
+    }
+  }
+  RingLock(const RingLock&) = delete;
+  RingLock& operator=(const RingLock&) = delete;
+
+ private:
+  pthread_mutex_t* mutex_;
+};
+
+// Throttles the /proc reads of the peer-death check; the first check happens at once.
+class PeerCheck {
+ public:
+  bool due() {
+    auto now = Clock::now();
+    if (now < next_) return false;
+    next_ = now + kPeerCheckInterval;
+    return true;
+  }
+
+ private:
+  Clock::time_point next_{};
+};
+
+}  // namespace
+
+struct Channel::Header : RingHeader {};
+
+std::shared_ptr<Channel> Channel::create(const Options& options) {
+  if (options.capacity == 0) {
+    throw Error(Errc::invalid_argument, "channel capacity is 0; it must be at least 1 record");
+  }
+  if (options.record_size == 0) {
+    throw Error(Errc::invalid_argument, "channel record_size is 0; it must be at least 1 byte");
+  }
+  const std::uint64_t record_size = (std::uint64_t{options.record_size} + 7) / 8 * 8;
+  const std::uint64_t slot_size = kSlotHeader + record_size;
+  if (record_size > std::numeric_limits<std::uint32_t>::max() - kSlotHeader) {
+    throw Error(Errc::invalid_argument,
+                "channel record_size " + std::to_string(options.record_size) + " is too large");
+  }
+  const std::uint64_t bytes = kHeaderBytes + slot_size * options.capacity;
+
+  auto segment = Segment::create(static_cast<std::size_t>(bytes));
+  auto* h = new (segment->data()) Header{};
+  h->version = kVersion;
+  h->capacity = options.capacity;
+  h->record_size = static_cast<std::uint32_t>(record_size);
+  h->slot_size = static_cast<std::uint32_t>(slot_size);
+
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  int rc = pthread_mutex_init(&h->mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (rc != 0) throw_errno(Errc::system, "pthread_mutex_init for a channel", rc);
+
+  // The magic goes in last so attach() never accepts a half-initialised header.
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+  return std::shared_ptr<Channel>(new Channel(std::move(segment)));
+}
+
+std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
+  auto segment = Segment::attach(std::move(fd), 0, /*keep_fd=*/true);
+  const std::size_t size = segment->size();
+  if (size < kHeaderBytes) {
+    throw Error(Errc::invalid_argument, "channel segment is " + std::to_string(size) +
+                                            " bytes, smaller than a channel header (" +
+                                            std::to_string(kHeaderBytes) + " bytes)");
+  }
+  const auto* h = reinterpret_cast<const Header*>(segment->data());
+  if (h->magic != kMagic) {
+    throw Error(Errc::invalid_argument, "the fd is not a ferry channel (bad magic)");
+  }
+  if (h->version != kVersion) {
+    throw Error(Errc::invalid_argument, "channel layout version " + std::to_string(h->version) +
+                                            " is not the supported version " +
+                                            std::to_string(kVersion));
+  }
+  if (h->capacity == 0 || h->record_size == 0 || h->record_size % 8 != 0 ||
+      h->slot_size != kSlotHeader + h->record_size) {
+    throw Error(Errc::invalid_argument, "channel header is corrupt: capacity " +
+                                            std::to_string(h->capacity) + ", record_size " +
+                                            std::to_string(h->record_size) + ", slot_size " +
+                                            std::to_string(h->slot_size));
+  }
+  const std::uint64_t needed = kHeaderBytes + std::uint64_t{h->slot_size} * h->capacity;
+  if (size < needed) {
+    throw Error(Errc::invalid_argument, "channel segment is " + std::to_string(size) +
+                                            " bytes but capacity " + std::to_string(h->capacity) +
+                                            " x slot " + std::to_string(h->slot_size) +
+                                            " bytes needs " + std::to_string(needed));
+  }
+  return std::shared_ptr<Channel>(new Channel(std::move(segment)));
+}
+
+Channel::Channel(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
+
+Channel::~Channel() = default;
+
+Channel::Header* Channel::header() const noexcept {
+  return reinterpret_cast<Header*>(segment_->data());
+}
+
+std::byte* Channel::slot(std::uint64_t position) const noexcept {
+  const Header* h = header();
+  return segment_->data() + kHeaderBytes + (position % h->capacity) * h->slot_size;
+}
+
+void Channel::register_role(std::uint32_t role) {
+  const pid_t self = current_pid();
+  // A forked child inherits this object but is a different participant.
+  if (registered_pid_.load(std::memory_order_relaxed) != self) {
+    registered_roles_.store(0, std::memory_order_relaxed);
+    registered_pid_.store(self, std::memory_order_relaxed);
+  }
+  if (registered_roles_.load(std::memory_order_relaxed) & role) return;
+
+  auto& table = header()->participants;
+  auto done = [&] { registered_roles_.fetch_or(role, std::memory_order_relaxed); };
+  for (auto& e : table) {
+    std::uint64_t v = e.load(std::memory_order_acquire);
+    while (pid_of(v) == self) {
+      if (e.compare_exchange_weak(v, pack(self, roles_of(v) | role))) return done();
+    }
+  }
+  for (auto& e : table) {
+    std::uint64_t v = 0;
+    if (e.compare_exchange_strong(v, pack(self, role))) return done();
+  }
+  for (auto& e : table) {
+    std::uint64_t v = e.load(std::memory_order_acquire);
+    if (v == 0 || process_alive(pid_of(v))) continue;
+    // Published before the entry is recycled so a waiter never loses sight of that death.
+    header()->dead_roles.fetch_or(roles_of(v));
+    if (e.compare_exchange_strong(v, pack(self, role))) return done();
+  }
+  ferry::log().warn(
+      "channel: all {} participant entries are held by live processes; process {} is not "
+      "registered, so peers waiting on it will time out rather than see peer_dead if it dies",
+      kParticipants, self);
+  done();  // do not rescan the table on every operation
+}
+
+bool Channel::peers_with_role_dead(std::uint32_t role) const noexcept {
+  const pid_t self = current_pid();
+  const Header* h = header();
+  // This process holding the role counts as a live peer: another of its threads may serve.
+  if (registered_pid_.load(std::memory_order_relaxed) == self &&
+      (registered_roles_.load(std::memory_order_relaxed) & role)) {
+    return false;
+  }
+  bool saw_dead = false;
+  for (const auto& e : h->participants) {
+    const std::uint64_t v = e.load(std::memory_order_acquire);
+    if (!(roles_of(v) & role)) continue;
+    const pid_t pid = pid_of(v);
+    if (pid == self || process_alive(pid)) return false;
+    saw_dead = true;
+  }
+  return saw_dead || (h->dead_roles.load(std::memory_order_acquire) & role);
+}
+
+std::uint64_t Channel::push(const void* records, std::uint32_t count,
+                            std::chrono::milliseconds timeout) {
+  Header* h = header();
+  if (count == 0 || count > h->capacity) {
+    throw Error(Errc::invalid_argument, "push of " + std::to_string(count) +
+                                            " records: a message holds 1 to capacity (" +
+                                            std::to_string(h->capacity) + ") records");
+  }
+  register_role(kProducer);
+  const auto* src = static_cast<const std::byte*>(records);
+  const Deadline deadline(timeout);
+  PeerCheck peer_check;
+  for (;;) {
+    // Read before looking at the ring, so a pop between the look and the wait changes the word
+    // and the wait returns at once.
+    const std::uint32_t seen = h->not_full_seq.load(std::memory_order_acquire);
+    bool pushed = false;
+    std::uint64_t seq = 0;
+    {
+      RingLock lock(&h->mutex, deadline, "push", timeout);
+      if (h->closed.load(std::memory_order_acquire)) {
+        throw Error(Errc::closed, "push on a closed channel");
+      }
+      const std::uint64_t head = h->head.load(std::memory_order_relaxed);
+      const std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
+      if (h->capacity - (tail - head) >= count) {
+        // Only slots past tail are written before the commit, so dying here publishes nothing.
+        for (std::uint32_t i = 0; i < count; ++i) {
+          std::byte* s = slot(tail + i);
+          const std::uint32_t slot_count = i == 0 ? count : 0;
+          std::memcpy(s, &slot_count, sizeof slot_count);
+          std::memcpy(s + kSlotHeader, src + std::size_t{i} * h->record_size, h->record_size);
+        }
+        h->tail.store(tail + count, std::memory_order_release);
+        pushed = true;
+        seq = tail;
+      }
+    }
+    if (pushed) {
+      h->not_empty_seq.fetch_add(1, std::memory_order_release);
+      futex_wake_all(&h->not_empty_seq);
+      return seq;
+    }
+    if (deadline.passed()) {
+      throw Error(Errc::timeout,
+                  "push of " + std::to_string(count) + " records timed out after " +
+                      ms_text(timeout) + ": the channel (capacity " + std::to_string(h->capacity) +
+                      " records) stayed full; consumers are not keeping up: pop faster, add "
+                      "consumers, pass a longer timeout, or create the channel with a larger "
+                      "capacity");
+    }
+    if (peer_check.due() && peers_with_role_dead(kConsumer)) {
+      throw Error(Errc::peer_dead,
+                  "push: the channel is full and every process that consumed from it has exited");
+    }
+    futex_wait(&h->not_full_seq, seen, deadline.slice());
+  }
+}
+
+std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::milliseconds timeout,
+                           const Claim& claim) {
+  Header* h = header();
+  register_role(kConsumer);
+  const Deadline deadline(timeout);
+  PeerCheck peer_check;
+  for (;;) {
+    const std::uint32_t seen = h->not_empty_seq.load(std::memory_order_acquire);
+    std::uint32_t popped = 0;
+    {
+      RingLock lock(&h->mutex, deadline, "pop", timeout);
+      const std::uint64_t head = h->head.load(std::memory_order_relaxed);
+      const std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
+      if (tail != head) {
+        std::uint32_t count = 0;
+        std::memcpy(&count, slot(head), sizeof count);
+        if (count == 0 || count > tail - head) {
+          throw Error(Errc::system, "channel ring is corrupt: the message at position " +
+                                        std::to_string(head) + " claims " + std::to_string(count) +
+                                        " records but " + std::to_string(tail - head) +
+                                        " are queued");
+        }
+        out.resize(std::size_t{count} * h->record_size);
+        for (std::uint32_t i = 0; i < count; ++i) {
+          std::memcpy(out.data() + std::size_t{i} * h->record_size, slot(head + i) + kSlotHeader,
+                      h->record_size);
+        }
+        // A throwing claim propagates before the commit: the message stays for the next pop.
+        if (claim) claim(out.data(), count, head);
+        h->head.store(head + count, std::memory_order_release);
+        popped = count;
+      } else if (h->closed.load(std::memory_order_acquire)) {
+        throw Error(Errc::closed, "pop on a closed and drained channel");
+      }
+    }
+    if (popped != 0) {
+      h->not_full_seq.fetch_add(1, std::memory_order_release);
+      futex_wake_all(&h->not_full_seq);
+      return popped;
+    }
+    if (deadline.passed()) {
+      throw Error(Errc::timeout, "pop timed out after " + ms_text(timeout) +
+                                     ": the channel stayed empty; check that a producer is "
+                                     "pushing, or pass a longer timeout (kForever to wait)");
+    }
+    if (peer_check.due() && peers_with_role_dead(kProducer)) {
+      throw Error(Errc::peer_dead,
+                  "pop: the channel is empty and every process that pushed to it has exited");
+    }
+    futex_wait(&h->not_empty_seq, seen, deadline.slice());
+  }
+}
+
+void Channel::close() noexcept {
+  Header* h = header();
+  h->closed.store(1, std::memory_order_release);
+  h->not_empty_seq.fetch_add(1, std::memory_order_release);
+  h->not_full_seq.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&h->not_empty_seq);
+  futex_wake_all(&h->not_full_seq);
+}
+
+bool Channel::closed() const noexcept {
+  return header()->closed.load(std::memory_order_acquire) != 0;
+}
+
+bool Channel::consumed(std::uint64_t seq) const noexcept {
+  return header()->head.load(std::memory_order_acquire) > seq;
+}
+
+std::uint32_t Channel::capacity() const noexcept {
+  return header()->capacity;
+}
+
+std::uint32_t Channel::record_size() const noexcept {
+  return header()->record_size;
+}
+
+std::uint32_t Channel::size() const noexcept {
+  const Header* h = header();
+  // Head first: tail only grows, so the difference is never negative; it can overshoot while
+  // both move, hence the clamp.
+  const std::uint64_t head = h->head.load(std::memory_order_acquire);
+  const std::uint64_t tail = h->tail.load(std::memory_order_acquire);
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, h->capacity));
+}
+
+int Channel::fd() const noexcept {
+  return segment_->fd();
+}
+
+}  // namespace ferry

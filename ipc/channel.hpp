@@ -1,0 +1,88 @@
+// Channel: a bounded multi-producer multi-consumer queue of fixed-size records in shared memory.
+//
+// Crash safety: the ring is guarded by a robust process-shared mutex. Every operation prepares
+// its slots first and commits with a single store of `tail` (push) or `head` (pop) at the end of
+// the critical section, so a process killed at any instant leaves the ring consistent: the next
+// locker gets EOWNERDEAD, marks the mutex consistent and carries on; a half-written push is
+// invisible and a half-done pop leaves its message in place for the next consumer.
+// Waiting is a futex wait in slices of at most 100 ms, so waiters notice closing and peer death.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ipc/fd.hpp"
+
+namespace ferry {
+
+class Segment;
+
+// Deadline helpers shared by every blocking call in ferry.
+using Clock = std::chrono::steady_clock;
+inline constexpr std::chrono::milliseconds kForever{-1};
+
+class Channel {
+ public:
+  struct Options {
+    std::uint32_t capacity = 64;     // records the ring holds; a message takes one per record
+    std::uint32_t record_size = 64;  // bytes of each record (rounded up to 8)
+  };
+
+  // Creates the channel in a fresh segment; share it by fork, or pass fd() to a spawned child.
+  static std::shared_ptr<Channel> create(const Options& options);
+  // Attaches to a channel whose segment fd was inherited or received; validates the header.
+  static std::shared_ptr<Channel> attach(UniqueFd fd);
+
+  // Pushes a message of `count` records (1 <= count <= capacity) as one unit: consumers see all
+  // of it or none. Blocks while the ring lacks room; throws Error(timeout), Error(closed), or
+  // Error(peer_dead) when every registered consumer has exited. Returns the message's sequence
+  // number (its first record's position since creation).
+  std::uint64_t push(const void* records, std::uint32_t count, std::chrono::milliseconds timeout);
+
+  // Pops the oldest message into `out` (resized to count * record_size). `claim`, if given, runs
+  // inside the critical section with the records and the message sequence number, before the pop
+  // commits: what it records (leases) is in place before the message leaves the ring, and if the
+  // caller dies there, the message stays. Throws Error(timeout), Error(closed) once closed and
+  // drained, or Error(peer_dead) when every registered producer has exited and the ring is empty.
+  using Claim = std::function<void(const std::byte* records, std::uint32_t count,
+                                   std::uint64_t seq)>;
+  std::uint32_t pop(std::vector<std::byte>& out, std::chrono::milliseconds timeout,
+                    const Claim& claim = {});
+
+  // Closes the channel for every process: pushes fail at once, pops drain then fail. Idempotent.
+  void close() noexcept;
+  bool closed() const noexcept;
+
+  // True once the message with sequence number `seq` has been popped (or discarded).
+  bool consumed(std::uint64_t seq) const noexcept;
+
+  std::uint32_t capacity() const noexcept;
+  std::uint32_t record_size() const noexcept;
+  std::uint32_t size() const noexcept;  // records in the ring now
+  int fd() const noexcept;              // the segment's fd, for passing to a spawned process
+
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+ private:
+  struct Header;
+  explicit Channel(std::shared_ptr<Segment> segment);
+  Header* header() const noexcept;
+  std::byte* slot(std::uint64_t position) const noexcept;
+  void register_role(std::uint32_t role);
+  bool peers_with_role_dead(std::uint32_t role) const noexcept;
+  std::shared_ptr<Segment> segment_;
+  // This process's entry in the participants table, redone when a forked child first acts.
+  std::atomic<std::uint32_t> registered_roles_{0};
+  std::atomic<pid_t> registered_pid_{0};
+};
+
+}  // namespace ferry
