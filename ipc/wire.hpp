@@ -1,0 +1,83 @@
+// The wire record: one fixed-size, versioned description of a tensor that lives in a peer's
+// shared memory, and the decoder that validates it before anything is built from it.
+//
+// ipc knows no LibTorch: dtypes are ferry's own stable codes, mapped to at::ScalarType by the
+// runtime adapter. A record is plain data (memcpy-able, no pointers); every field a receiver
+// uses is checked against what the receiver actually mapped.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ferry::wire {
+
+inline constexpr std::uint32_t kMagic = 0x59525246;  // "FRRY"
+inline constexpr std::uint16_t kVersion = 1;
+inline constexpr int kMaxDims = 12;
+
+// Stable dtype codes. Never renumber: they are on the wire.
+enum class DType : std::uint8_t {
+  uint8 = 1, int8, int16, int32, int64, float16, float32, float64, complex32, complex64,
+  complex128, bool_, bfloat16, uint16, uint32, uint64, float8_e5m2, float8_e4m3fn,
+  float8_e5m2fnuz, float8_e4m3fnuz,
+};
+// Bytes per element of a known dtype, 0 for an unknown code.
+std::size_t element_size(std::uint8_t dtype) noexcept;
+const char* dtype_name(std::uint8_t dtype) noexcept;
+
+enum class DeviceType : std::uint8_t { cpu = 0, cuda = 1 };
+
+// flags
+inline constexpr std::uint32_t kFlagCopied = 1u << 0;        // sender copied it on send
+inline constexpr std::uint32_t kFlagEmptyMessage = 1u << 1;  // a message of no tensors
+
+struct Record {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint8_t dtype;
+  std::uint8_t rank;
+  std::uint16_t msg_index;  // this tensor's position in its message
+  std::uint16_t msg_count;  // tensors in the message (0 only with kFlagEmptyMessage)
+  std::uint32_t flags;
+  std::uint8_t device_type;
+  std::int8_t device_index;
+  std::uint8_t reserved[2];
+  std::uint8_t device_uuid[16];  // CUDA device UUID; zero for CPU
+
+  // Where the bytes are: a block of the owner's segment.
+  std::uint64_t owner_token;  // the owner process's random token (see process_token())
+  std::int32_t owner_pid;
+  std::uint32_t segment_seq;  // which of the owner's segments (0 is the owner's lease ledger)
+  std::uint64_t segment_size;
+  std::uint64_t block_offset;  // bytes from the segment start; the tensor's storage starts here
+  std::uint64_t block_length;  // bytes of storage the receiver may touch
+
+  // The lease that keeps the block alive while the receiver holds it.
+  std::uint32_t lease_slot;
+  std::uint32_t lease_gen;
+
+  // The view: element offset into the storage, sizes and strides in elements.
+  std::int64_t storage_offset;
+  std::int64_t sizes[kMaxDims];
+  std::int64_t strides[kMaxDims];
+};
+static_assert(sizeof(Record) % 8 == 0, "records are copied in 8-byte words");
+
+// Fills the invariant header fields (magic, version) and zeroes the rest.
+Record make_record() noexcept;
+
+// Checks everything that needs no mapping: magic, version, dtype, rank, message framing, device,
+// sizes >= 0, strides >= 0, and that the view's byte extent fits in block_length without
+// overflow. Returns "" when valid, else a message naming the bad field and its value.
+std::string validate(const Record& r);
+
+// Checks the location against the segment the receiver mapped: its size matches segment_size
+// and the block lies inside it without overflow. Returns "" when valid.
+std::string validate_location(const Record& r, std::size_t mapped_size);
+
+// Bytes from the storage start to one past the view's last element (0 for an empty tensor),
+// or -1 on overflow. Assumes validate()'s per-field checks passed.
+std::int64_t view_extent_bytes(const Record& r) noexcept;
+
+}  // namespace ferry::wire
