@@ -1,0 +1,184 @@
+#include "ipc/arena.hpp"
+
+#include <pthread.h>
+
+#include <cstdlib>
+
+#include "ipc/error.hpp"
+#include "ipc/log.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/segment_server.hpp"
+#include "ipc/units.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::size_t kSmallAlign = 64;
+constexpr std::size_t kLargeAlign = 4096;
+constexpr std::size_t kLargeBlock = std::size_t{1} << 20;
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// `name`'s value times `unit`, or `fallback` (already in bytes) when unset.
+std::size_t env_size(const char* name, std::size_t fallback, std::size_t unit) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0' || n == 0) {
+    throw Error(Errc::invalid_argument, std::string(name) + "='" + v +
+                                            "' is not a positive whole number; unset it or fix it");
+  }
+  return static_cast<std::size_t>(n) * unit;
+}
+
+std::mutex g_local_mu;
+Arena* g_local = nullptr;
+[[maybe_unused]] const int g_atfork = pthread_atfork(
+    [] { g_local_mu.lock(); }, [] { g_local_mu.unlock(); }, [] { g_local_mu.unlock(); });
+
+}  // namespace
+
+Arena& Arena::local() {
+  std::lock_guard<std::mutex> lock(g_local_mu);
+  if (!g_local || g_local->pid() != current_pid()) {
+    Options o;
+    o.segment_size = env_size("FERRY_ARENA_SEGMENT_MB", o.segment_size, 1 << 20);
+    o.lease_slots = static_cast<std::uint32_t>(env_size("FERRY_LEASE_SLOTS", o.lease_slots, 1));
+    // Never freed: blocks handed out (and a forked child's inherited ones) point into it.
+    g_local = new Arena(o);
+  }
+  return *g_local;
+}
+
+Arena::Arena(Options options) : options_(std::move(options)), pid_(current_pid()) {}
+
+Ledger& Arena::ledger() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ledger_) {
+    ledger_ = Ledger::create(options_.lease_slots);
+    publish_segment(0, ledger_->segment());
+  }
+  return *ledger_;
+}
+
+Ledger* Arena::existing_ledger() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.get();
+}
+
+void Arena::insert_free_locked(std::uint32_t seq, std::uint64_t offset, std::uint64_t size) {
+  auto& by_off = free_by_offset_[seq - 1];
+  auto erase_sized = [&](std::uint64_t off, std::uint64_t sz) {
+    auto [b, e] = free_by_size_.equal_range(sz);
+    for (auto it = b; it != e; ++it) {
+      if (it->second.seq == seq && it->second.offset == off) {
+        free_by_size_.erase(it);
+        return;
+      }
+    }
+  };
+  // Coalesce with the free neighbours on both sides.
+  auto next = by_off.lower_bound(offset);
+  if (next != by_off.end() && offset + size == next->first) {
+    erase_sized(next->first, next->second);
+    size += next->second;
+    next = by_off.erase(next);
+  }
+  if (next != by_off.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      erase_sized(prev->first, prev->second);
+      offset = prev->first;
+      size += prev->second;
+      by_off.erase(prev);
+    }
+  }
+  by_off.emplace(offset, size);
+  free_by_size_.emplace(size, Free{seq, offset});
+}
+
+bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
+  // Best fit: the smallest free range that still fits after alignment.
+  for (auto it = free_by_size_.lower_bound(size); it != free_by_size_.end(); ++it) {
+    const std::uint64_t range_size = it->first;
+    const Free f = it->second;
+    const std::uint64_t start = round_up(f.offset, align);
+    if (start + size > f.offset + range_size) continue;
+    free_by_size_.erase(it);
+    free_by_offset_[f.seq - 1].erase(f.offset);
+    if (start > f.offset) insert_free_locked(f.seq, f.offset, start - f.offset);
+    const std::uint64_t tail = f.offset + range_size - (start + size);
+    if (tail > 0) insert_free_locked(f.seq, start + size, tail);
+    *out = Block{f.seq, start, size, segments_[f.seq - 1]->data() + start};
+    return true;
+  }
+  return false;
+}
+
+void Arena::grow_locked(std::size_t at_least) {
+  const std::size_t size = std::max(options_.segment_size, round_up(at_least, kLargeAlign));
+  auto seg = Segment::create(size, options_.dir.empty() ? default_shm_dir() : options_.dir);
+  segments_.push_back(seg);
+  free_by_offset_.emplace_back();
+  const auto seq = static_cast<std::uint32_t>(segments_.size());
+  publish_segment(seq, std::move(seg));
+  insert_free_locked(seq, 0, size);
+  stats_.segments += 1;
+  stats_.bytes_reserved += size;
+  log().debug("arena grew to {} segments, {}", stats_.segments, format_bytes(stats_.bytes_reserved));
+}
+
+Arena::Block Arena::allocate(std::size_t bytes) {
+  const std::size_t align = bytes >= kLargeBlock ? kLargeAlign : kSmallAlign;
+  const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), align);
+  if (size < bytes) {
+    throw Error(Errc::invalid_argument, "an allocation of " + std::to_string(bytes) + " bytes");
+  }
+  Block b;
+  Ledger* ledger = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (take_locked(size, align, &b)) {
+      stats_.bytes_in_use += size;
+      stats_.blocks_in_use += 1;
+      return b;
+    }
+    ledger = ledger_.get();
+  }
+  // Before growing, take back what receivers have finished with or lost by dying. This runs
+  // without the arena lock: ending leases frees blocks, which takes it.
+  if (ledger) ledger->reclaim(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!take_locked(size, align, &b)) {
+    grow_locked(size);
+    if (!take_locked(size, align, &b)) {
+      throw Error(Errc::system, "arena: a fresh segment could not hold " + format_bytes(size));
+    }
+  }
+  stats_.bytes_in_use += size;
+  stats_.blocks_in_use += 1;
+  return b;
+}
+
+void Arena::free(const Block& block) noexcept {
+  if (pid_ != current_pid()) return;  // a forked child's copy of its parent's arena
+  std::lock_guard<std::mutex> lock(mu_);
+  insert_free_locked(block.segment_seq, block.offset, block.size);
+  stats_.bytes_in_use -= block.size;
+  stats_.blocks_in_use -= 1;
+}
+
+std::shared_ptr<Segment> Arena::segment(std::uint32_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (seq == 0) return ledger_ ? ledger_->segment() : nullptr;
+  return seq <= segments_.size() ? segments_[seq - 1] : nullptr;
+}
+
+Arena::Stats Arena::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace ferry

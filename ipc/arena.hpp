@@ -1,0 +1,84 @@
+// Arena: this process's shared memory, carved into blocks for tensors.
+//
+// Segments are added as the arena grows (default 64 MiB each; a larger request gets a segment of
+// its own) and kept for the arena's life, so receivers map each one once. Blocks are 64-byte
+// aligned, 4 KiB aligned from 1 MiB up; freed blocks coalesce and are reused. The arena also
+// owns the lease ledger through which receivers give blocks back.
+//
+// One arena per process: a forked child gets a fresh one on first use and never allocates from
+// the copy of its parent's.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ipc/ledger.hpp"
+
+namespace ferry {
+
+class Segment;
+
+class Arena {
+ public:
+  struct Options {
+    std::size_t segment_size = std::size_t{64} << 20;
+    std::uint32_t lease_slots = 65536;
+    std::string dir;  // empty: default_shm_dir()
+  };
+  struct Block {
+    std::uint32_t segment_seq = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+    std::byte* data = nullptr;
+  };
+  struct Stats {
+    std::uint64_t segments = 0, bytes_reserved = 0, bytes_in_use = 0, blocks_in_use = 0;
+  };
+
+  // This process's arena, created on first use with options from the environment
+  // (FERRY_SHM_DIR, FERRY_ARENA_SEGMENT_MB, FERRY_LEASE_SLOTS).
+  static Arena& local();
+  explicit Arena(Options options);
+
+  // A block of at least `bytes`. Before growing, takes back leases receivers ended. Throws
+  // Error(shm_exhausted) when the shm filesystem cannot hold another segment.
+  Block allocate(std::size_t bytes);
+  // Returns a block; a no-op in any process but the one that allocated it.
+  void free(const Block& block) noexcept;
+
+  std::shared_ptr<Segment> segment(std::uint32_t seq) const;
+  Ledger& ledger();  // created (and published as segment 0) on first use
+  Ledger* existing_ledger();  // null until something was sent
+  Stats stats() const;
+  pid_t pid() const noexcept { return pid_; }
+
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+ private:
+  struct Free {
+    std::uint32_t seq;
+    std::uint64_t offset;
+  };
+  bool take_locked(std::size_t size, std::size_t align, Block* out);
+  void insert_free_locked(std::uint32_t seq, std::uint64_t offset, std::uint64_t size);
+  void grow_locked(std::size_t at_least);
+
+  const Options options_;
+  const pid_t pid_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Segment>> segments_;  // index seq-1
+  std::vector<std::map<std::uint64_t, std::uint64_t>> free_by_offset_;  // per segment
+  std::multimap<std::uint64_t, Free> free_by_size_;
+  Stats stats_;
+  std::unique_ptr<Ledger> ledger_;
+};
+
+}  // namespace ferry

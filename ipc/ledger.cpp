@@ -1,0 +1,222 @@
+#include "ipc/ledger.hpp"
+
+#include <new>
+#include <unordered_map>
+
+#include "ipc/channel.hpp"
+#include "ipc/error.hpp"
+#include "ipc/futex.hpp"
+#include "ipc/log.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/stats.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x4745444c59525246ull;  // "FRRYLDGE"
+
+// A slot word: state in the top 2 bits, a 30-bit generation, the holder's pid in the low 32.
+enum State : std::uint64_t { kFree = 0, kInFlight = 1, kHeld = 2, kReleased = 3 };
+constexpr std::uint32_t kGenMask = (1u << 30) - 1;
+
+constexpr std::uint64_t word(State s, std::uint32_t gen, pid_t holder) {
+  return (std::uint64_t{s} << 62) | (std::uint64_t{gen & kGenMask} << 32) |
+         static_cast<std::uint32_t>(holder);
+}
+constexpr State state_of(std::uint64_t w) { return static_cast<State>(w >> 62); }
+constexpr std::uint32_t gen_of(std::uint64_t w) {
+  return static_cast<std::uint32_t>(w >> 32) & kGenMask;
+}
+constexpr pid_t holder_of(std::uint64_t w) { return static_cast<pid_t>(w & 0xffffffffu); }
+
+}  // namespace
+
+struct Ledger::Header {
+  std::uint64_t magic;
+  std::uint32_t slots;
+  std::atomic<std::uint32_t> releases;  // bumped (and futex-woken) by every release
+};
+
+namespace {
+// Where slots start: after the header, aligned to a cache line.
+constexpr std::size_t kSlotsOffset = 64;
+static_assert(sizeof(std::atomic<std::uint64_t>) == 8, "slots are plain 64-bit words");
+
+std::atomic<std::uint64_t>* peer_slot(const Segment& ledger, std::uint32_t slot) {
+  auto* h = reinterpret_cast<const std::uint64_t*>(ledger.data());
+  const std::size_t capacity = (ledger.size() - kSlotsOffset) / 8;
+  if (h[0] != kMagic || slot >= capacity) return nullptr;
+  return reinterpret_cast<std::atomic<std::uint64_t>*>(ledger.data() + kSlotsOffset) + slot;
+}
+}  // namespace
+
+Ledger::Ledger(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
+
+std::unique_ptr<Ledger> Ledger::create(std::uint32_t slots) {
+  if (slots == 0) throw Error(Errc::invalid_argument, "a ledger of 0 lease slots");
+  auto seg = Segment::create(kSlotsOffset + std::size_t{slots} * 8);
+  auto* h = new (seg->data()) Header;
+  h->magic = kMagic;
+  h->slots = slots;
+  h->releases.store(0);
+  for (std::uint32_t i = 0; i < slots; ++i) {
+    new (seg->data() + kSlotsOffset + std::size_t{i} * 8) std::atomic<std::uint64_t>(0);
+  }
+  std::unique_ptr<Ledger> l(new Ledger(std::move(seg)));
+  l->local_.resize(slots);
+  l->where_.resize(slots);
+  l->free_.reserve(slots);
+  for (std::uint32_t i = slots; i-- > 0;) l->free_.push_back(i);
+  return l;
+}
+
+Ledger::Header* Ledger::header() const noexcept {
+  return reinterpret_cast<Header*>(segment_->data());
+}
+std::atomic<std::uint64_t>* Ledger::slots() const noexcept {
+  return reinterpret_cast<std::atomic<std::uint64_t>*>(segment_->data() + kSlotsOffset);
+}
+
+Ledger::Lease Ledger::acquire(std::shared_ptr<void> keepalive) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) reclaim_locked(true);
+  if (free_.empty()) {
+    throw Error(Errc::ledger_full,
+                "all " + std::to_string(local_.size()) +
+                    " lease slots are held by tensors receivers still use. Remedy: drop received "
+                    "tensors sooner, or raise FERRY_LEASE_SLOTS");
+  }
+  const std::uint32_t slot = free_.back();
+  free_.pop_back();
+  Local& l = local_[slot];
+  l.gen = (l.gen + 1) & kGenMask;
+  l.keepalive = std::move(keepalive);
+  l.channel.reset();
+  l.routed = false;
+  where_[slot] = static_cast<std::uint32_t>(outstanding_.size());
+  outstanding_.push_back(slot);
+  slots()[slot].store(word(kInFlight, l.gen, 0), std::memory_order_release);
+  return {slot, l.gen};
+}
+
+void Ledger::route(const Lease& lease, std::shared_ptr<Channel> channel, std::uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Local& l = local_[lease.slot];
+  if (l.gen != lease.gen || !l.keepalive) return;  // already reclaimed
+  l.channel = std::move(channel);
+  l.seq = seq;
+  l.routed = true;
+}
+
+void Ledger::abandon(const Lease& lease) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_[lease.slot].gen == lease.gen && local_[lease.slot].keepalive) free_locked(lease.slot);
+}
+
+void Ledger::free_locked(std::uint32_t slot) {
+  slots()[slot].store(word(kFree, local_[slot].gen, 0), std::memory_order_release);
+  Local& l = local_[slot];
+  l.keepalive.reset();  // may return the block to the arena
+  l.channel.reset();
+  l.routed = false;
+  const std::uint32_t at = where_[slot];
+  outstanding_[at] = outstanding_.back();
+  where_[outstanding_[at]] = at;
+  outstanding_.pop_back();
+  free_.push_back(slot);
+}
+
+bool Ledger::has_releases() const noexcept {
+  return header()->releases.load(std::memory_order_acquire) != releases_seen_;
+}
+
+std::size_t Ledger::reclaim(bool check_dead) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reclaim_locked(check_dead);
+}
+
+std::size_t Ledger::reclaim_locked(bool check_dead) {
+  releases_seen_ = header()->releases.load(std::memory_order_acquire);
+  std::unordered_map<pid_t, bool> alive;
+  std::size_t freed = 0;
+  for (std::size_t i = 0; i < outstanding_.size();) {
+    const std::uint32_t slot = outstanding_[i];
+    const Local& l = local_[slot];
+    const std::uint64_t w = slots()[slot].load(std::memory_order_acquire);
+    bool end = false;
+    bool lost = false;
+    switch (state_of(w)) {
+      case kReleased: end = true; break;
+      case kInFlight:
+        // Consumed yet never claimed: the message was discarded, nobody will claim it.
+        end = l.routed && l.channel->consumed(l.seq);
+        break;
+      case kHeld:
+        // Only once the message has left the queue: before that, the next consumer re-claims it.
+        if (check_dead && l.routed && l.channel->consumed(l.seq)) {
+          const pid_t holder = holder_of(w);
+          auto it = alive.find(holder);
+          if (it == alive.end()) it = alive.emplace(holder, process_alive(holder)).first;
+          end = lost = !it->second;
+        }
+        break;
+      case kFree: end = true; break;
+    }
+    if (!end) {
+      ++i;
+      continue;
+    }
+    if (lost) {
+      detail::bump(detail::counters().leases_reclaimed);
+      log().debug("lease {} reclaimed from pid {}, which exited holding it", slot, holder_of(w));
+    }
+    free_locked(slot);  // swaps another slot into position i
+    ++freed;
+  }
+  return freed;
+}
+
+std::size_t Ledger::outstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outstanding_.size();
+}
+
+std::size_t Ledger::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (std::uint32_t slot : outstanding_) {
+    n += state_of(slots()[slot].load(std::memory_order_acquire)) == kInFlight;
+  }
+  return n;
+}
+
+bool Ledger::claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me) {
+  auto* s = peer_slot(ledger, slot);
+  if (!s) return false;
+  std::uint64_t w = s->load(std::memory_order_acquire);
+  for (;;) {
+    if (gen_of(w) != (gen & kGenMask)) return false;
+    const State st = state_of(w);
+    // HELD by another pid here means that consumer died inside its pop (the message is still
+    // at the head, or we would not be claiming it): the lease passes to us.
+    if (st != kInFlight && !(st == kHeld && holder_of(w) != me && !process_alive(holder_of(w)))) {
+      return st == kHeld && holder_of(w) == me;
+    }
+    if (s->compare_exchange_weak(w, word(kHeld, gen, me), std::memory_order_acq_rel)) return true;
+  }
+}
+
+void Ledger::release(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
+                     pid_t me) noexcept {
+  auto* s = peer_slot(ledger, slot);
+  if (!s) return;
+  std::uint64_t expected = word(kHeld, gen, me);
+  if (s->compare_exchange_strong(expected, word(kReleased, gen, me), std::memory_order_acq_rel)) {
+    auto* h = reinterpret_cast<Header*>(ledger.data());
+    h->releases.fetch_add(1, std::memory_order_acq_rel);
+    futex_wake_all(&h->releases);
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,88 @@
+// The lease ledger: how an owner knows when receivers are done with its blocks.
+//
+// Each tensor sent from an owner's arena takes one lease slot in the owner's ledger, a segment
+// peers map like any other (sequence number 0). A slot is one 64-bit word, changed only by
+// single compare-and-swaps, so a process killed at any instant leaves every slot valid:
+//
+//   FREE --owner sends--> IN_FLIGHT --receiver pops (inside the channel's critical section)-->
+//   HELD(pid) --receiver drops its last view--> RELEASED --owner reclaims--> FREE
+//
+// A generation number in the word makes stale releases harmless. The owner frees a slot when it
+// is RELEASED, when its holder died after the message left the queue, or when its message was
+// consumed but never claimed; the block behind it returns to the arena when its last lease and
+// the owner's own references are gone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace ferry {
+
+class Channel;
+class Segment;
+
+class Ledger {
+ public:
+  struct Lease {
+    std::uint32_t slot;
+    std::uint32_t gen;
+  };
+
+  // A ledger of `slots` leases in a new segment (owner side).
+  static std::unique_ptr<Ledger> create(std::uint32_t slots);
+  const std::shared_ptr<Segment>& segment() const noexcept { return segment_; }
+
+  // Takes a free slot for a tensor about to be sent; `keepalive` (the block) is held until the
+  // lease ends. Reclaims first when no slot is free; throws Error(ledger_full) if none comes back.
+  Lease acquire(std::shared_ptr<void> keepalive);
+  // Records which channel carries the lease's message and its sequence number there, so a lease
+  // whose message was consumed by a receiver that then died can be taken back.
+  void route(const Lease& lease, std::shared_ptr<Channel> channel, std::uint64_t seq);
+  // Gives back a lease whose message was never pushed.
+  void abandon(const Lease& lease);
+  // Frees every lease that has ended. With check_dead, also those held by processes that exited
+  // (a syscall per distinct holder, so callers rate-limit it). Returns how many were freed.
+  std::size_t reclaim(bool check_dead);
+  // True when a receiver released something since the last reclaim (no syscall).
+  bool has_releases() const noexcept;
+  std::size_t outstanding() const;
+  // Leases sent but not yet claimed by any receiver.
+  std::size_t in_flight() const;
+
+  // Receiver side, on a peer's mapped ledger segment. claim() moves an IN_FLIGHT lease (or one
+  // HELD by a consumer that died before its pop committed) to HELD by `me`; false when the slot
+  // does not match the record (a bad or stale record). release() ends a held lease.
+  static bool claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me);
+  static void release(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
+                      pid_t me) noexcept;
+
+ private:
+  struct Header;
+  struct Local {
+    std::shared_ptr<void> keepalive;
+    std::shared_ptr<Channel> channel;
+    std::uint64_t seq = 0;
+    std::uint32_t gen = 0;
+    bool routed = false;
+  };
+  explicit Ledger(std::shared_ptr<Segment> segment);
+  Header* header() const noexcept;
+  std::atomic<std::uint64_t>* slots() const noexcept;
+  std::size_t reclaim_locked(bool check_dead);
+  void free_locked(std::uint32_t slot);
+
+  std::shared_ptr<Segment> segment_;
+  mutable std::mutex mu_;
+  std::vector<Local> local_;
+  std::vector<std::uint32_t> free_;
+  std::vector<std::uint32_t> outstanding_;  // slots not FREE, in no particular order
+  std::vector<std::uint32_t> where_;        // slot -> its index in outstanding_
+  std::uint32_t releases_seen_ = 0;
+};
+
+}  // namespace ferry
