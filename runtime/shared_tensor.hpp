@@ -1,0 +1,31 @@
+// Tensors that live in shared memory, and the statistics of the arena behind them.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace ferry {
+
+// A tensor allocated in this process's shared-memory arena: sending it is zero-copy.
+// Throws ferry::Error(shm_exhausted) when the shm filesystem has no room.
+at::Tensor empty_shared(at::IntArrayRef sizes, const at::TensorOptions& options = {});
+
+// A copy of `t` in the arena (same sizes and, when dense, the same strides).
+at::Tensor to_shared(const at::Tensor& t);
+
+// True when `t`'s storage is a block of this process's arena.
+bool is_shared(const at::Tensor& t);
+
+struct ArenaStats {
+  std::uint64_t segments = 0;        // shm segments the arena holds
+  std::uint64_t bytes_reserved = 0;  // their total size
+  std::uint64_t bytes_in_use = 0;    // bytes in live blocks (held here or leased to receivers)
+  std::uint64_t blocks_in_use = 0;
+  std::uint64_t leases_outstanding = 0;  // blocks' views held by (or queued for) receivers
+};
+
+// This process's arena, after taking back what receivers released or lost by dying.
+ArenaStats arena_stats();
+
+}  // namespace ferry

@@ -1,0 +1,150 @@
+#include "runtime/tensor_codec.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "ipc/error.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/stats.hpp"
+#include "runtime/dtype.hpp"
+
+namespace ferry::detail {
+namespace {
+
+struct OwnedContext {
+  std::shared_ptr<BlockHandle> handle;
+};
+
+struct ReceivedContext {
+  std::shared_ptr<Segment> data;
+  std::shared_ptr<Segment> ledger;
+  std::uint32_t slot;
+  std::uint32_t gen;
+  pid_t holder;
+};
+
+void owned_deleter(void* ctx) { delete static_cast<OwnedContext*>(ctx); }
+
+void received_deleter(void* ctx) {
+  auto* c = static_cast<ReceivedContext*>(ctx);
+  // A forked child's copy of a received tensor does not hold the lease; its parent does.
+  if (c->holder == current_pid()) Ledger::release(*c->ledger, c->slot, c->gen, c->holder);
+  delete c;
+}
+
+at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFnPtr deleter,
+                       at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                       std::int64_t storage_offset) {
+  c10::DataPtr data(base, ctx, deleter, c10::Device(c10::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), nullptr, false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype))
+      .set_(std::move(storage), storage_offset, sizes, strides);
+}
+
+std::string where(std::size_t index) { return "tensor " + std::to_string(index) + " of the message"; }
+
+}  // namespace
+
+at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
+                             at::ScalarType dtype, std::size_t storage_bytes) {
+  // Built in place: a temporary BlockHandle would free the block in its destructor.
+  std::shared_ptr<BlockHandle> handle(new BlockHandle{&arena, arena.allocate(storage_bytes)});
+  void* base = handle->block.data;
+  auto* ctx = new OwnedContext{std::move(handle)};
+  return tensor_over(base, storage_bytes, ctx, &owned_deleter, dtype, sizes, strides, 0);
+}
+
+std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return nullptr;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &owned_deleter) return nullptr;
+  auto& handle = static_cast<OwnedContext*>(dp.get_context())->handle;
+  return handle->arena->pid() == current_pid() ? handle : nullptr;
+}
+
+bool is_received(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &received_deleter;
+}
+
+Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detached) {
+  if (!t.defined()) throw Error(Errc::invalid_argument, where(index) + " is undefined");
+  if (!t.device().is_cpu()) {
+    throw Error(Errc::invalid_argument, where(index) + " is on " + t.device().str() +
+                                            "; this queue carries CPU tensors: send t.cpu()");
+  }
+  if (t.layout() != at::kStrided) {
+    throw Error(Errc::invalid_argument,
+                where(index) + " is sparse; send t.to_dense() or its indices and values");
+  }
+  if (t.dim() > wire::kMaxDims) {
+    throw Error(Errc::invalid_argument, where(index) + " has " + std::to_string(t.dim()) +
+                                            " dimensions, more than ferry's limit of " +
+                                            std::to_string(wire::kMaxDims) + "; reshape it");
+  }
+  const std::uint8_t code = to_wire_dtype(t.scalar_type());
+
+  std::shared_ptr<BlockHandle> block = detached ? nullptr : arena_block_of(t);
+  at::Tensor shared = t;
+  auto& c = counters();
+  if (block) {
+    bump(c.tensors_zero_copy);
+    bump(c.bytes_zero_copy, t.nbytes());
+  } else {
+    CopyReason reason = detached          ? CopyReason::detached
+                        : is_received(t)  ? CopyReason::received
+                        : t.has_storage() && t.storage().data_ptr().get_deleter() == &owned_deleter
+                            ? CopyReason::foreign_arena
+                            : CopyReason::not_shared;
+    // Dense views keep their strides; gapped views (t[:, ::2]) are packed contiguously rather
+    // than shipping the bytes between their elements.
+    if (t.is_non_overlapping_and_dense()) {
+      shared = allocate_in_arena(arena, t.sizes(), t.strides(), t.scalar_type(), t.nbytes());
+    } else {
+      auto cont = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
+      shared = allocate_in_arena(arena, cont.sizes(), cont.strides(), t.scalar_type(), t.nbytes());
+    }
+    shared.copy_(t);
+    block = arena_block_of(shared);
+    bump(c.tensors_copied);
+    bump(c.bytes_copied, t.nbytes());
+    bump(c.copies_by_reason[static_cast<int>(reason)]);
+  }
+
+  Outgoing out{wire::make_record(), {}};
+  wire::Record& r = out.record;
+  r.dtype = code;
+  r.rank = static_cast<std::uint8_t>(shared.dim());
+  r.flags = shared.is_same(t) ? 0 : wire::kFlagCopied;
+  r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cpu);
+  r.device_index = -1;
+  r.owner_token = process_token();
+  r.owner_pid = current_pid();
+  r.segment_seq = block->block.segment_seq;
+  r.segment_size = arena.segment(block->block.segment_seq)->size();
+  r.block_offset = block->block.offset;
+  r.block_length = shared.storage().nbytes();
+  r.storage_offset = shared.storage_offset();
+  for (std::int64_t d = 0; d < shared.dim(); ++d) {
+    r.sizes[d] = shared.size(d);
+    r.strides[d] = shared.stride(d);
+  }
+  out.lease = arena.ledger().acquire(std::move(block));
+  r.lease_slot = out.lease.slot;
+  r.lease_gen = out.lease.gen;
+  return out;
+}
+
+at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
+                  std::shared_ptr<Segment> ledger, pid_t holder) {
+  const at::ScalarType dtype = from_wire_dtype(r.dtype);
+  std::byte* base = data->data() + r.block_offset;
+  auto* ctx = new ReceivedContext{std::move(data), std::move(ledger), r.lease_slot, r.lease_gen,
+                                  holder};
+  const at::IntArrayRef sizes(r.sizes, r.rank);
+  const at::IntArrayRef strides(r.strides, r.rank);
+  return tensor_over(base, r.block_length, ctx, &received_deleter, dtype, sizes, strides,
+                     r.storage_offset);
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,234 @@
+#include "runtime/tensor_queue.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+#include <cstring>
+#include <string>
+
+#include "ipc/arena.hpp"
+#include "ipc/log.hpp"
+#include "ipc/peer_segments.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/stats.hpp"
+#include "ipc/wire.hpp"
+#include "runtime/tensor_codec.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr auto kFetchTimeout = std::chrono::seconds(5);
+
+// At a normal exit, a process that sent tensors waits (FERRY_EXIT_LINGER_MS, default 2000) until
+// receivers have claimed its in-flight messages: once it is gone its memory cannot be fetched.
+void linger_at_exit() {
+  const char* env = std::getenv("FERRY_EXIT_LINGER_MS");
+  const std::size_t waiting = flush(std::chrono::milliseconds(env && *env ? std::atoll(env) : 2000));
+  if (waiting > 0) {
+    log().warn("exiting with {} sent tensor(s) never received; their receivers will get "
+               "peer_dead (FERRY_EXIT_LINGER_MS sets how long to wait)",
+               waiting);
+  }
+}
+
+void register_linger_once() {
+  static std::atomic<pid_t> registered{0};
+  const pid_t me = current_pid();
+  if (registered.exchange(me) != me) std::atexit(linger_at_exit);
+}
+constexpr std::int64_t kDeadCheckNs = 100'000'000;  // how often a sender looks for dead holders
+std::atomic<std::int64_t> g_last_dead_check{0};
+
+// Ends leases receivers released (no syscall unless something changed) and, at most every
+// 100 ms, those whose holder died. Senders call it, so an owner notices without a helper thread.
+void reclaim_if_due(Ledger& ledger) {
+  const std::int64_t now = Clock::now().time_since_epoch().count();
+  std::int64_t last = g_last_dead_check.load(std::memory_order_relaxed);
+  const bool dead_due = now - last >= kDeadCheckNs &&
+                        g_last_dead_check.compare_exchange_strong(last, now);
+  if (dead_due || ledger.has_releases()) ledger.reclaim(dead_due);
+}
+
+// What the receiver learned about one record while the message was still in the ring.
+struct Claimed {
+  wire::Record record;
+  std::shared_ptr<Segment> ledger;  // set once the lease is ours
+  std::shared_ptr<Segment> data;
+  std::string error;
+  Errc code = Errc::bad_record;
+};
+
+void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Claimed>& out) {
+  const pid_t me = current_pid();
+  out.assign(count, {});
+  for (std::uint32_t i = 0; i < count; ++i) {
+    Claimed& c = out[i];
+    std::memcpy(&c.record, bytes + std::size_t{i} * sizeof(wire::Record), sizeof(wire::Record));
+    const wire::Record& r = c.record;
+    c.error = wire::validate(r);
+    if (!c.error.empty() || (r.flags & wire::kFlagEmptyMessage)) continue;
+    try {
+      auto ledger = map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout);
+      if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
+        c.error = "lease " + std::to_string(r.lease_slot) + "/" + std::to_string(r.lease_gen) +
+                  " of pid " + std::to_string(r.owner_pid) + " does not match the record";
+        continue;
+      }
+      c.ledger = std::move(ledger);
+      // Mapped before the pop commits, so once a sender sees its lease claimed it may exit:
+      // the receiver already holds the memory.
+      c.data = map_peer_segment(r.owner_pid, r.owner_token, r.segment_seq, r.segment_size,
+                                kFetchTimeout);
+    } catch (const Error& e) {
+      c.error = e.what();
+      c.code = e.code();
+    } catch (const std::exception& e) {
+      c.error = e.what();
+      c.code = Errc::system;
+    }
+  }
+}
+
+}  // namespace
+
+std::size_t flush(std::chrono::milliseconds timeout) {
+  Ledger* ledger = Arena::local().existing_ledger();
+  if (!ledger) return 0;
+  const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
+  std::size_t waiting;
+  while ((waiting = ledger->in_flight()) > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return waiting;
+}
+
+TensorQueue TensorQueue::create(const Options& options) {
+  if (options.capacity == 0 || options.capacity > 65535) {
+    throw Error(Errc::invalid_argument, "TensorQueue capacity " + std::to_string(options.capacity) +
+                                            " is outside 1..65535");
+  }
+  Channel::Options co;
+  co.capacity = options.capacity;
+  co.record_size = sizeof(wire::Record);
+  return TensorQueue(Channel::create(co));
+}
+
+TensorQueue TensorQueue::attach(int fd) {
+  UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!own) throw_errno(Errc::invalid_argument, "TensorQueue::attach(" + std::to_string(fd) + ")", errno);
+  auto channel = Channel::attach(std::move(own));
+  if (channel->record_size() != sizeof(wire::Record)) {
+    throw Error(Errc::invalid_argument, "fd " + std::to_string(fd) +
+                                            " is a ferry channel of another record size (" +
+                                            std::to_string(channel->record_size()) +
+                                            "), not a TensorQueue of this version");
+  }
+  return TensorQueue(std::move(channel));
+}
+
+void TensorQueue::send(const Tensors& tensors, std::chrono::milliseconds timeout) {
+  const std::size_t n = std::max<std::size_t>(tensors.size(), 1);
+  if (n > channel_->capacity()) {
+    throw Error(Errc::invalid_argument, "a message of " + std::to_string(tensors.size()) +
+                                            " tensors does not fit a queue of capacity " +
+                                            std::to_string(channel_->capacity()) +
+                                            "; split it or create a larger queue");
+  }
+  Arena& arena = Arena::local();
+  Ledger& ledger = arena.ledger();
+  reclaim_if_due(ledger);
+  register_linger_once();
+
+  std::vector<wire::Record> records(n);
+  std::vector<Ledger::Lease> leases;
+  leases.reserve(n);
+  auto abandon = [&] {
+    for (const auto& l : leases) ledger.abandon(l);
+  };
+  std::uint64_t seq;
+  try {
+    if (tensors.empty()) {
+      records[0] = wire::make_record();
+      records[0].flags = wire::kFlagEmptyMessage;
+    }
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      detail::Outgoing o = detail::encode(tensors[i], i, arena, false);
+      o.record.msg_index = static_cast<std::uint16_t>(i);
+      o.record.msg_count = static_cast<std::uint16_t>(tensors.size());
+      records[i] = o.record;
+      leases.push_back(o.lease);
+    }
+    seq = channel_->push(records.data(), static_cast<std::uint32_t>(n), timeout);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  for (const auto& l : leases) ledger.route(l, channel_, seq);
+  detail::bump(detail::counters().messages_sent);
+}
+
+Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
+  std::vector<std::byte> bytes;
+  std::vector<Claimed> claimed;
+  channel_->pop(bytes, timeout, [&](const std::byte* recs, std::uint32_t count, std::uint64_t) {
+    claim_records(recs, count, claimed);
+  });
+
+  // Build every tensor before reporting any failure: a tensor built owns its lease, so on error
+  // the ones already built release theirs as `out` unwinds, and unclaimed ones are released here.
+  Tensors out;
+  out.reserve(claimed.size());
+  std::string first_error;
+  Errc first_code = Errc::bad_record;
+  const pid_t me = current_pid();
+  for (Claimed& c : claimed) {
+    const wire::Record& r = c.record;
+    if (r.flags & wire::kFlagEmptyMessage) break;
+    if (c.ledger) {
+      try {
+        if (c.error.empty()) c.error = wire::validate_location(r, c.data->size());
+        if (c.error.empty()) {
+          out.push_back(detail::decode(r, std::move(c.data), c.ledger, me));
+          detail::bump(detail::counters().tensors_received);
+          detail::bump(detail::counters().bytes_received, out.back().nbytes());
+          continue;
+        }
+      } catch (const Error& e) {
+        c.error = e.what();
+        c.code = e.code();
+      }
+      Ledger::release(*c.ledger, r.lease_slot, r.lease_gen, me);
+    }
+    if (first_error.empty()) {
+      first_error = c.error;
+      first_code = c.code;
+    }
+  }
+  if (!first_error.empty()) {
+    log().warn("dropped a received message: {}", first_error);
+    throw Error(first_code, "received message dropped: " + first_error);
+  }
+  detail::bump(detail::counters().messages_received);
+  return out;
+}
+
+std::optional<Tensors> TensorQueue::try_recv(std::chrono::milliseconds timeout) {
+  try {
+    return recv(timeout);
+  } catch (const Error& e) {
+    if (e.code() == Errc::timeout) return std::nullopt;
+    throw;
+  }
+}
+
+void TensorQueue::close() noexcept { channel_->close(); }
+bool TensorQueue::closed() const noexcept { return channel_->closed(); }
+std::uint32_t TensorQueue::capacity() const noexcept { return channel_->capacity(); }
+std::uint32_t TensorQueue::size() const noexcept { return channel_->size(); }
+int TensorQueue::fd() const noexcept { return channel_->fd(); }
+
+}  // namespace ferry

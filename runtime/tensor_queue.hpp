@@ -1,0 +1,66 @@
+// TensorQueue: a bounded queue of tensor messages between processes that share a parent.
+//
+// Create it before fork (or pass fd() to a spawned child and attach there); any process and any
+// thread may send and receive. A message is a list of CPU tensors. Tensors allocated with
+// ferry::empty_shared() travel zero-copy: the receiver gets a view on the sender's block, and
+// the block returns to the sender's allocator when the last receiver drops its view. Any other
+// tensor is copied once into shared memory on send (counted in transport_stats()).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ipc/channel.hpp"
+#include "ipc/error.hpp"
+
+namespace ferry {
+
+using Tensors = std::vector<at::Tensor>;
+
+class TensorQueue {
+ public:
+  struct Options {
+    std::uint32_t capacity = 64;  // tensors in flight (a message of n tensors takes n places)
+  };
+
+  // A new queue. Share it with children by fork, or by fd() and attach() across exec.
+  static TensorQueue create(const Options& options);
+  static TensorQueue create() { return create(Options{}); }
+  // Attaches to a queue from an fd inherited across exec (TensorQueue::fd() in the parent).
+  static TensorQueue attach(int fd);
+
+  // Sends one message. Blocks while the queue is full, up to `timeout` (kForever: until room,
+  // close, or every receiver has exited). Throws ferry::Error: timeout, closed, peer_dead,
+  // invalid_argument (a CUDA, sparse or quantized tensor, rank over 12, too many tensors).
+  void send(const Tensors& tensors, std::chrono::milliseconds timeout = kForever);
+
+  // Receives the oldest message. Throws ferry::Error: timeout, closed (closed and drained),
+  // peer_dead (every sender exited and the queue is empty), bad_record.
+  Tensors recv(std::chrono::milliseconds timeout = kForever);
+
+  // Like recv(), but returns nullopt when `timeout` passes with no message.
+  std::optional<Tensors> try_recv(std::chrono::milliseconds timeout);
+
+  // Closes the queue for every process: sends fail, receivers drain what is queued, then fail.
+  void close() noexcept;
+  bool closed() const noexcept;
+
+  std::uint32_t capacity() const noexcept;
+  std::uint32_t size() const noexcept;  // tensors queued now
+  int fd() const noexcept;              // pass to a spawned child (clear FD_CLOEXEC first)
+
+ private:
+  explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
+  std::shared_ptr<Channel> channel_;
+};
+
+// Waits until every tensor this process has sent has been taken by a receiver, or `timeout`
+// passes; returns how many are still waiting. A sender's memory cannot be fetched once it has
+// exited, so call this before _exit() (a normal exit() does it, up to FERRY_EXIT_LINGER_MS).
+std::size_t flush(std::chrono::milliseconds timeout);
+
+}  // namespace ferry

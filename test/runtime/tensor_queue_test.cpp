@@ -1,0 +1,310 @@
+#include "runtime/tensor_queue.hpp"
+
+#include <sys/statvfs.h>
+
+#include <catch2/catch.hpp>
+
+#include <torch/version.h>
+
+#include "../test_util.hpp"
+#include "ipc/stats.hpp"
+#include "runtime/shared_tensor.hpp"
+
+using ferry::Errc;
+using ferry::Error;
+using ferry::TensorQueue;
+using ferry::Tensors;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The child receives one message, checks it against what `expect` rebuilds from the same seed,
+// and answers with its own copy so the parent can compare too.
+void echo_child(TensorQueue& in, TensorQueue& out) {
+  Tensors m = in.recv(30s);
+  Tensors back;
+  for (auto& t : m) back.push_back(t.clone());
+  out.send(back, 30s);
+  if (ferry::flush(30s) != 0) ::_exit(9);  // stay until the parent has taken the reply
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         (a.numel() == 0 || at::equal(a.to(at::kDouble), b.to(at::kDouble)));
+}
+
+at::Tensor sample(at::ScalarType t) {
+  if (t == at::kBool) return at::rand({5, 3}) > 0.5;
+  if (at::isComplexType(t)) return at::randn({5, 3}, at::kComplexDouble).to(t);
+  return (at::rand({5, 3}) * 100).to(t);
+}
+
+}  // namespace
+
+TEST_CASE("every dtype crosses to another process and back, bit for bit", "[queue]") {
+  std::vector<at::ScalarType> types = {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
+                                       at::kHalf, at::kFloat, at::kDouble, at::kComplexHalf,
+                                       at::kComplexFloat, at::kComplexDouble, at::kBool,
+                                       at::kBFloat16};
+#if TORCH_VERSION_MAJOR >= 2 && TORCH_VERSION_MINOR >= 3
+  types.insert(types.end(), {at::kUInt16, at::kUInt32, at::kUInt64});
+#endif
+  auto to_child = TensorQueue::create({64});
+  auto to_parent = TensorQueue::create({64});
+  Tensors sent;
+  for (auto t : types) {
+    auto plain = sample(t);
+    sent.push_back(plain);                    // copied on send
+    sent.push_back(ferry::to_shared(plain));  // zero-copy
+  }
+  const pid_t child = ferry::test::fork_child([&] { echo_child(to_child, to_parent); });
+  to_child.send(sent, 30s);
+  Tensors back = to_parent.recv(30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(back.size() == sent.size());
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    INFO("tensor " << i << " dtype " << sent[i].scalar_type());
+    REQUIRE(same(back[i], sent[i]));
+    // Bit for bit, not just equal values (NaN payloads, -0.0).
+    REQUIRE(std::memcmp(back[i].contiguous().data_ptr(), sent[i].contiguous().data_ptr(),
+                        sent[i].nbytes()) == 0);
+  }
+}
+
+TEST_CASE("0-d, empty and strided views keep their shape and strides", "[queue]") {
+  auto q = TensorQueue::create({32});
+  auto base = ferry::empty_shared({6, 8}, at::kFloat);
+  base.copy_(at::arange(48, at::kFloat).view({6, 8}));
+  Tensors sent = {
+      ferry::to_shared(at::scalar_tensor(3.5)),  // 0-d
+      at::empty({0, 4}),                          // empty
+      base.t(),                                   // transposed: strides (1, 8)
+      base.slice(1, 1, 7, 2),                     // every other column: strides (8, 2), offset 1
+      base[2],                                    // a row: offset 16
+      base.t().slice(0, 0, 8, 3),                 // gapped and transposed, copied? no: zero-copy
+      at::arange(40, at::kInt).view({5, 8}).t(),  // ordinary transposed: copied, strides kept
+  };
+  const pid_t child = ferry::test::fork_child([&] {
+    Tensors m = q.recv(30s);
+    if (m.size() != 7) ::_exit(10);
+    if (m[0].dim() != 0 || m[0].item<double>() != 3.5) ::_exit(11);
+    if (m[1].sizes() != at::IntArrayRef({0, 4})) ::_exit(12);
+    if (m[2].strides() != at::IntArrayRef({1, 8}) || m[2].is_contiguous()) ::_exit(13);
+    if (m[3].strides() != at::IntArrayRef({8, 2}) || m[3].storage_offset() != 1) ::_exit(14);
+    if (m[4].storage_offset() != 16 || m[4][3].item<float>() != 19) ::_exit(15);
+    if (m[5].strides() != at::IntArrayRef({3, 8})) ::_exit(16);
+    if (m[6].strides() != at::IntArrayRef({1, 8})) ::_exit(17);
+    auto expect = at::arange(48, at::kFloat).view({6, 8});
+    if (!m[2].equal(expect.t()) || !m[3].equal(expect.slice(1, 1, 7, 2)) ||
+        !m[5].equal(expect.t().slice(0, 0, 8, 3)) ||
+        !m[6].equal(at::arange(40, at::kInt).view({5, 8}).t())) {
+      ::_exit(18);
+    }
+  });
+  q.send(sent, 30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+}
+
+TEST_CASE("zero-copy: the receiver sees the sender's memory, not a copy", "[queue]") {
+  auto q = TensorQueue::create({4});
+  auto ack = TensorQueue::create({4});
+  auto t = ferry::empty_shared({1024}, at::kInt);
+  t.fill_(1);
+  const auto before = ferry::transport_stats();
+  const pid_t child = ferry::test::fork_child([&] {
+    Tensors m = q.recv(30s);
+    m[0].fill_(42);  // writes through to the sender's block
+    ack.send({}, 30s);
+  });
+  q.send({t}, 30s);
+  ack.recv(30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(t.eq(42).all().item<bool>());
+  const auto after = ferry::transport_stats();
+  REQUIRE(after.tensors_zero_copy - before.tensors_zero_copy == 1);
+  REQUIRE(after.tensors_copied == before.tensors_copied);
+}
+
+TEST_CASE("copy-on-send is counted with its reason, and forwarding a received tensor copies",
+          "[queue]") {
+  auto q = TensorQueue::create({4});
+  auto loop = TensorQueue::create({4});
+  const auto before = ferry::transport_stats();
+  q.send({at::ones({100})}, 5s);  // an ordinary tensor
+  Tensors got = q.recv(5s);
+  loop.send(got, 5s);  // received from a peer (here, ourselves): forwarded by copy
+  REQUIRE(loop.recv(5s)[0].equal(at::ones({100})));
+  const auto after = ferry::transport_stats();
+  const auto reason = [&](ferry::CopyReason r) {
+    return after.copies_by_reason[static_cast<int>(r)] -
+           before.copies_by_reason[static_cast<int>(r)];
+  };
+  REQUIRE(reason(ferry::CopyReason::not_shared) == 1);
+  REQUIRE(reason(ferry::CopyReason::received) == 1);
+  REQUIRE(after.bytes_copied - before.bytes_copied == 800);
+}
+
+TEST_CASE("after warm-up, sending maps nothing and passes no fd", "[queue]") {
+  auto q = TensorQueue::create({8});
+  auto done = TensorQueue::create({2});
+  const pid_t child = ferry::test::fork_child([&] {
+    for (int i = 0; i < 3; ++i) q.recv(30s);  // warm-up: the ledger and data segments
+    const auto warm = ferry::transport_stats();
+    for (int i = 0; i < 200; ++i) {
+      Tensors m = q.recv(30s);
+      if (m[0][0].item<float>() != static_cast<float>(i)) ::_exit(20);
+    }
+    const auto after = ferry::transport_stats();
+    if (after.segments_mapped != warm.segments_mapped || after.fds_fetched != warm.fds_fetched) {
+      ::_exit(21);
+    }
+    done.send({}, 30s);
+  });
+  for (int i = 0; i < 3; ++i) q.send({ferry::empty_shared({256}, at::kFloat)}, 30s);
+  const auto warm = ferry::transport_stats();
+  for (int i = 0; i < 200; ++i) {
+    auto t = ferry::empty_shared({256}, at::kFloat);
+    t.fill_(static_cast<float>(i));
+    q.send({t}, 30s);
+  }
+  done.recv(30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(ferry::transport_stats().segments_created == warm.segments_created);
+}
+
+TEST_CASE("bad tensors are refused with the index and a remedy; the queue stays usable",
+          "[queue]") {
+  auto q = TensorQueue::create({4});
+  auto expect_invalid = [&](const Tensors& m, const std::string& needle) {
+    try {
+      q.send(m, 1s);
+      FAIL("no error for " << needle);
+    } catch (const Error& e) {
+      REQUIRE(e.code() == Errc::invalid_argument);
+      REQUIRE_THAT(e.what(), Catch::Contains(needle));
+    }
+  };
+  expect_invalid({at::ones({2}), at::Tensor()}, "tensor 1 of the message is undefined");
+  expect_invalid({at::ones({2, 2}).to_sparse()}, "to_dense");
+  expect_invalid({at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQUInt8)}, "dequantize");
+  std::vector<std::int64_t> thirteen(13, 1);
+  expect_invalid({at::ones(thirteen)}, "limit of 12");
+  expect_invalid(Tensors(5, at::ones({1})), "capacity 4");
+  q.send({at::ones({3})}, 1s);
+  REQUIRE(q.recv(1s)[0].equal(at::ones({3})));
+  REQUIRE(q.size() == 0);
+}
+
+TEST_CASE("waits end: timeout, close, and a sender that died", "[queue]") {
+  auto q = TensorQueue::create({2});
+  REQUIRE_FALSE(q.try_recv(20ms).has_value());
+  try {
+    q.recv(20ms);
+    FAIL("no timeout");
+  } catch (const Error& e) {
+    REQUIRE(e.code() == Errc::timeout);
+  }
+  q.send({at::ones({1})}, 1s);
+  q.send({at::ones({1})}, 1s);
+  REQUIRE_THROWS_AS(q.send({at::ones({1})}, 20ms), Error);  // full
+
+  // Closing wakes a receiver blocked in another process; queued messages drain first.
+  auto r = TensorQueue::create({2});
+  const pid_t child = ferry::test::fork_child([&] {
+    try {
+      r.recv();
+      ::_exit(30);
+    } catch (const Error& e) {
+      ::_exit(e.code() == Errc::closed ? 0 : 31);
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  r.close();
+  REQUIRE(ferry::test::wait_child(child, std::chrono::seconds(10)) == 0);
+  q.close();
+  REQUIRE(q.recv(1s).size() == 1);
+  REQUIRE(q.recv(1s).size() == 1);
+  REQUIRE_THROWS_AS(q.recv(1s), Error);
+  REQUIRE_THROWS_AS(q.send({at::ones({1})}, 1s), Error);
+
+  // A receiver waiting forever is woken when its only sender is killed.
+  auto d = TensorQueue::create({2});
+  const pid_t sender = ferry::test::fork_child([&] {
+    d.send({at::ones({1})}, 5s);
+    ::pause();
+  });
+  REQUIRE(d.recv(10s).size() == 1);
+  ::kill(sender, SIGKILL);
+  ferry::test::wait_child(sender);
+  try {
+    d.recv();
+    FAIL("no error");
+  } catch (const Error& e) {
+    REQUIRE(e.code() == Errc::peer_dead);
+  }
+}
+
+TEST_CASE("a message of no tensors arrives as an empty list", "[queue]") {
+  auto q = TensorQueue::create({2});
+  q.send({}, 1s);
+  REQUIRE(q.recv(1s).empty());
+}
+
+TEST_CASE("flush waits until the receiver has taken what was sent", "[queue]") {
+  auto q = TensorQueue::create({4});
+  REQUIRE(ferry::flush(0ms) == 0);
+  q.send({ferry::empty_shared({10}, at::kFloat), at::ones({3})}, 1s);
+  REQUIRE(ferry::flush(20ms) == 2);  // nobody has received yet
+  const pid_t child = ferry::test::fork_child([&] {
+    std::this_thread::sleep_for(50ms);
+    q.recv(10s);
+  });
+  REQUIRE(ferry::flush(30s) == 0);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+}
+
+TEST_CASE("a sender that exits right after sending still delivers", "[queue]") {
+  auto q = TensorQueue::create({4});
+  const pid_t child = ferry::test::fork_child([&] {
+    q.send({ferry::empty_shared({1000}, at::kFloat).fill_(7), at::full({10}, 3.0)}, 5s);
+    std::exit(0);  // a normal exit lingers until the message is claimed
+  });
+  Tensors m = q.recv(30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(m[0].eq(7).all().item<bool>());
+  REQUIRE(m[1].eq(3).all().item<bool>());
+}
+
+TEST_CASE("tensors of 1 GiB and more cross zero-copy", "[queue][large]") {
+  struct statvfs vfs {};
+  const bool room = ::statvfs("/dev/shm", &vfs) == 0 &&
+                    std::uint64_t{vfs.f_bavail} * vfs.f_frsize > (std::uint64_t{5} << 29);
+  if (!room) {
+    WARN("SKIP: /dev/shm has less than 2.5 GiB free; the 1 GiB test needs room for it");
+    return;
+  }
+  auto q = TensorQueue::create({2});
+  auto ack = TensorQueue::create({2});
+  const std::int64_t n = (std::int64_t{1} << 30) / 4 + 1024;  // just over 1 GiB of int32
+  auto t = ferry::empty_shared({n}, at::kInt);
+  t.fill_(5);
+  t[n - 1] = 9;
+  const pid_t child = ferry::test::fork_child([&] {
+    Tensors m = q.recv(60s);
+    if (m[0].numel() != n || m[0][n - 1].item<int>() != 9 || m[0][12345].item<int>() != 5) {
+      ::_exit(40);
+    }
+    ack.send({}, 60s);
+  });
+  q.send({t}, 60s);
+  ack.recv(120s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+}
+
+TEST_CASE("a queue crosses exec by its fd", "[queue]") {
+  auto q = TensorQueue::create({4});
+  auto twin = TensorQueue::attach(q.fd());  // what a spawned child does with the inherited fd
+  twin.send({at::arange(4)}, 1s);
+  REQUIRE(q.recv(1s)[0].equal(at::arange(4)));
+  REQUIRE_THROWS_AS(TensorQueue::attach(-1), Error);
+}
