@@ -1,0 +1,38 @@
+// What CUDA this process can use: the driver, the runtime ferry was built with, and each device.
+// Plain C++ (no CUDA headers) so that code built without nvcc can ask too.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ferry::cuda {
+
+struct DeviceInfo {
+  int index = 0;     // the runtime's ordinal, i.e. after CUDA_VISIBLE_DEVICES
+  std::string name;  // e.g. "NVIDIA H100 80GB HBM3"
+  std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints
+  int major = 0;     // compute capability
+  int minor = 0;
+  std::size_t total_memory = 0;     // bytes
+  bool unified_addressing = false;  // host and device share one address space (needed for IPC)
+  int compute_mode = 0;             // cudaComputeMode: 0 default, 2 prohibited, 3 exclusive-process
+  bool kernel_ok = false;           // a probe kernel ran here and its result read back correctly
+  std::string error;                // why kernel_ok is false; empty when it is true
+};
+
+struct CudaStatus {
+  bool built_with_cuda = false;  // ferry was compiled with nvcc (FERRY_HAVE_CUDA)
+  bool driver_present = false;   // a libcuda.so.1 was found and loaded
+  int driver_version = 0;        // 1000 * major + 10 * minor, e.g. 13000; 0 without a driver
+  int runtime_version = 0;       // the (static) runtime ferry was built with, same encoding
+  std::string error;  // why `devices` is empty, in plain words; empty when there are devices
+  std::vector<DeviceInfo> devices;
+};
+
+// Reports the driver, the runtime and every visible device, and runs a tiny kernel on each.
+// Never throws or aborts, with or without a driver. It creates a CUDA context on each device,
+// so a process that forks afterwards must not use CUDA in the child.
+CudaStatus probe() noexcept;
+
+}  // namespace ferry::cuda
