@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The embedding_consumer test: install a ferry build tree into WORK/prefix, then configure,
+# build and run test/consumer against that prefix alone, as docs/embedding.md tells users to.
+#
+#   run.sh FERRY_BUILD_DIR WORK_DIR [CMAKE_ARGS...]
+#
+# CMAKE_ARGS go to the consumer's configure step (compiler, build type, flags, Torch_DIR); a
+# CMAKE_PREFIX_PATH among them replaces the default one and must then list WORK/prefix first.
+set -euo pipefail
+
+if [ $# -lt 2 ]; then
+  echo "usage: $0 FERRY_BUILD_DIR WORK_DIR [CMAKE_ARGS...]" >&2
+  exit 2
+fi
+build=$(cd "$1" && pwd)
+work=$2
+shift 2
+src=$(cd "$(dirname "$0")" && pwd)
+
+step() { echo "== embedding_consumer: $*"; }
+fail() {
+  echo "== embedding_consumer: FAILED: $*" >&2
+  exit 1
+}
+
+# A fresh prefix each time: files left from an earlier install must not hide a missing rule.
+rm -rf "$work"
+mkdir -p "$work"
+prefix=$(cd "$work" && pwd)/prefix
+
+step "install $build -> $prefix"
+cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 ||
+  { cat "$work/install.log" >&2; fail "cmake --install"; }
+
+step "configure $src"
+cmake -S "$src" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON "$@" || fail "configure (find_package(ferry))"
+
+# find_package must have taken ferry from the prefix, not from some other install.
+ferry_dir=$(sed -n 's/^ferry_DIR:[A-Z]*=//p' "$work/build/CMakeCache.txt")
+case "$ferry_dir" in
+  "$prefix"/*) ;;
+  *) fail "ferry was found at '$ferry_dir', not under $prefix" ;;
+esac
+
+step "build"
+cmake --build "$work/build" -j2 || fail "build (compile or link against ferry::ferry)"
+
+step "run"
+"$work/build/ferry_consumer" || fail "ferry_consumer exited with status $?"
+step "passed"
