@@ -18,7 +18,9 @@ constexpr std::size_t kSmallAlign = 64;
 constexpr std::size_t kLargeAlign = 4096;
 constexpr std::size_t kLargeBlock = std::size_t{1} << 20;
 
-std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+std::size_t round_up(std::size_t v, std::size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // `name`'s value times `unit`, or `fallback` (already in bytes) when unset.
 std::size_t env_size(const char* name, std::size_t fallback, std::size_t unit) {
@@ -127,7 +129,8 @@ void Arena::grow_locked(std::size_t at_least) {
   insert_free_locked(seq, 0, size);
   stats_.segments += 1;
   stats_.bytes_reserved += size;
-  log().debug("arena grew to {} segments, {}", stats_.segments, format_bytes(stats_.bytes_reserved));
+  log().debug("arena grew to {} segments, {}", stats_.segments,
+              format_bytes(stats_.bytes_reserved));
 }
 
 Arena::Block Arena::allocate(std::size_t bytes) {

@@ -54,7 +54,7 @@ class Arena {
   void free(const Block& block) noexcept;
 
   std::shared_ptr<Segment> segment(std::uint32_t seq) const;
-  Ledger& ledger();  // created (and published as segment 0) on first use
+  Ledger& ledger();           // created (and published as segment 0) on first use
   Ledger* existing_ledger();  // null until something was sent
   Stats stats() const;
   pid_t pid() const noexcept { return pid_; }
@@ -74,7 +74,7 @@ class Arena {
   const Options options_;
   const pid_t pid_;
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<Segment>> segments_;  // index seq-1
+  std::vector<std::shared_ptr<Segment>> segments_;                      // index seq-1
   std::vector<std::map<std::uint64_t, std::uint64_t>> free_by_offset_;  // per segment
   std::multimap<std::uint64_t, Free> free_by_size_;
   Stats stats_;

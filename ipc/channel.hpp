@@ -51,8 +51,8 @@ class Channel {
   // commits: what it records (leases) is in place before the message leaves the ring, and if the
   // caller dies there, the message stays. Throws Error(timeout), Error(closed) once closed and
   // drained, or Error(peer_dead) when every registered producer has exited and the ring is empty.
-  using Claim = std::function<void(const std::byte* records, std::uint32_t count,
-                                   std::uint64_t seq)>;
+  using Claim =
+      std::function<void(const std::byte* records, std::uint32_t count, std::uint64_t seq)>;
   std::uint32_t pop(std::vector<std::byte>& out, std::chrono::milliseconds timeout,
                     const Claim& claim = {});
 

@@ -6,16 +6,26 @@ namespace ferry {
 
 const char* errc_name(Errc code) noexcept {
   switch (code) {
-    case Errc::invalid_argument: return "invalid_argument";
-    case Errc::shm_exhausted: return "shm_exhausted";
-    case Errc::shm_failed: return "shm_failed";
-    case Errc::bad_record: return "bad_record";
-    case Errc::timeout: return "timeout";
-    case Errc::closed: return "closed";
-    case Errc::peer_dead: return "peer_dead";
-    case Errc::ledger_full: return "ledger_full";
-    case Errc::fd_transfer: return "fd_transfer";
-    case Errc::system: return "system";
+    case Errc::invalid_argument:
+      return "invalid_argument";
+    case Errc::shm_exhausted:
+      return "shm_exhausted";
+    case Errc::shm_failed:
+      return "shm_failed";
+    case Errc::bad_record:
+      return "bad_record";
+    case Errc::timeout:
+      return "timeout";
+    case Errc::closed:
+      return "closed";
+    case Errc::peer_dead:
+      return "peer_dead";
+    case Errc::ledger_full:
+      return "ledger_full";
+    case Errc::fd_transfer:
+      return "fd_transfer";
+    case Errc::system:
+      return "system";
   }
   return "unknown";
 }

@@ -24,11 +24,15 @@ constexpr std::uint64_t word(State s, std::uint32_t gen, pid_t holder) {
   return (std::uint64_t{s} << 62) | (std::uint64_t{gen & kGenMask} << 32) |
          static_cast<std::uint32_t>(holder);
 }
-constexpr State state_of(std::uint64_t w) { return static_cast<State>(w >> 62); }
+constexpr State state_of(std::uint64_t w) {
+  return static_cast<State>(w >> 62);
+}
 constexpr std::uint32_t gen_of(std::uint64_t w) {
   return static_cast<std::uint32_t>(w >> 32) & kGenMask;
 }
-constexpr pid_t holder_of(std::uint64_t w) { return static_cast<pid_t>(w & 0xffffffffu); }
+constexpr pid_t holder_of(std::uint64_t w) {
+  return static_cast<pid_t>(w & 0xffffffffu);
+}
 
 }  // namespace
 
@@ -147,7 +151,9 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
     bool end = false;
     bool lost = false;
     switch (state_of(w)) {
-      case kReleased: end = true; break;
+      case kReleased:
+        end = true;
+        break;
       case kInFlight:
         // Consumed yet never claimed: the message was discarded, nobody will claim it.
         end = l.routed && l.channel->consumed(l.seq);
@@ -161,7 +167,9 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
           end = lost = !it->second;
         }
         break;
-      case kFree: end = true; break;
+      case kFree:
+        end = true;
+        break;
     }
     if (!end) {
       ++i;

@@ -25,8 +25,8 @@ std::mutex g_mu;
 // Leaked: received tensors may be released by other statics' destructors during exit.
 auto* g_cache = new std::map<std::pair<std::uint64_t, std::uint32_t>, Entry>;
 
-[[maybe_unused]] const int g_atfork = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
-                                                     [] { g_mu.unlock(); });
+[[maybe_unused]] const int g_atfork =
+    pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 
 void prune_locked() {
   for (auto it = g_cache->begin(); it != g_cache->end();) {
@@ -54,8 +54,8 @@ std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_t
     if (it != g_cache->end()) return it->second.segment;
   }
   // Fetch without the lock: other receiving threads keep going meanwhile.
-  auto segment = Segment::attach(fetch_segment_fd(owner_pid, owner_token, seq, timeout),
-                                 expected_size);
+  auto segment =
+      Segment::attach(fetch_segment_fd(owner_pid, owner_token, seq, timeout), expected_size);
   detail::bump(detail::counters().segments_mapped);
   log().debug("mapped segment {} of pid {} ({} bytes)", seq, owner_pid, segment->size());
   std::lock_guard<std::mutex> lock(g_mu);

@@ -41,7 +41,8 @@ std::uint64_t process_token() noexcept {
   std::uint64_t t = g_token.load(std::memory_order_relaxed);
   while (t == 0) {
     if (::getrandom(&t, sizeof t, 0) != static_cast<ssize_t>(sizeof t)) {
-      t = (static_cast<std::uint64_t>(::getpid()) << 32) ^ static_cast<std::uint64_t>(::time(nullptr));
+      t = (static_cast<std::uint64_t>(::getpid()) << 32) ^
+          static_cast<std::uint64_t>(::time(nullptr));
     }
     std::uint64_t zero = 0;
     if (!g_token.compare_exchange_strong(zero, t)) t = zero;

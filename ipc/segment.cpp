@@ -34,8 +34,8 @@ UniqueFd create_nameless(const std::string& dir) {
                 err);
   }
   static std::atomic<unsigned> counter{0};
-  std::string name = "ferry-" + std::to_string(current_pid()) + "-" +
-                     std::to_string(counter.fetch_add(1));
+  std::string name =
+      "ferry-" + std::to_string(current_pid()) + "-" + std::to_string(counter.fetch_add(1));
   if (dir == "/dev/shm") {
     fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd >= 0) ::shm_unlink(("/" + name).c_str());
@@ -112,6 +112,8 @@ std::shared_ptr<Segment> Segment::attach(UniqueFd fd, std::size_t expected_size,
   return std::shared_ptr<Segment>(new Segment(std::move(fd), static_cast<std::byte*>(p), actual));
 }
 
-Segment::~Segment() { ::munmap(data_, size_); }
+Segment::~Segment() {
+  ::munmap(data_, size_);
+}
 
 }  // namespace ferry

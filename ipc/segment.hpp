@@ -23,7 +23,8 @@ class Segment {
  public:
   // Creates and maps a segment of `size` bytes in `dir` with every byte reserved. Throws
   // Error(shm_exhausted) naming the bytes asked, the bytes free and the remedy when it won't fit.
-  static std::shared_ptr<Segment> create(std::size_t size, const std::string& dir = default_shm_dir());
+  static std::shared_ptr<Segment> create(std::size_t size,
+                                         const std::string& dir = default_shm_dir());
 
   // Maps a segment from an fd received from its owner. `expected_size` (0: take the file's size)
   // is checked against the file so a truncated or wrong fd is an error, not a later SIGBUS.

@@ -55,8 +55,8 @@ struct Server {
 std::mutex g_mu;
 Server* g_server = nullptr;
 
-[[maybe_unused]] const int g_atfork = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
-                                                     [] { g_mu.unlock(); });
+[[maybe_unused]] const int g_atfork =
+    pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 
 void serve_one(int conn) {
   ucred cred{};
@@ -215,9 +215,9 @@ UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint3
   UniqueFd fd;
   if (!recv_with_fd(sock.get(), &reply, &fd)) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      throw Error(Errc::timeout, "pid " + std::to_string(owner_pid) + " did not hand over segment " +
-                                     std::to_string(seq) + " within " +
-                                     std::to_string(timeout.count()) + " ms");
+      throw Error(Errc::timeout, "pid " + std::to_string(owner_pid) +
+                                     " did not hand over segment " + std::to_string(seq) +
+                                     " within " + std::to_string(timeout.count()) + " ms");
     }
     if (!process_alive(owner_pid)) {
       throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +

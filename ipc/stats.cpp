@@ -4,11 +4,16 @@ namespace ferry {
 
 const char* copy_reason_name(CopyReason r) noexcept {
   switch (r) {
-    case CopyReason::not_shared: return "not_shared";
-    case CopyReason::received: return "received";
-    case CopyReason::foreign_arena: return "foreign_arena";
-    case CopyReason::detached: return "detached";
-    case CopyReason::count_: break;
+    case CopyReason::not_shared:
+      return "not_shared";
+    case CopyReason::received:
+      return "received";
+    case CopyReason::foreign_arena:
+      return "foreign_arena";
+    case CopyReason::detached:
+      return "detached";
+    case CopyReason::count_:
+      break;
   }
   return "unknown";
 }

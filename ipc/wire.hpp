@@ -18,9 +18,26 @@ inline constexpr int kMaxDims = 12;
 
 // Stable dtype codes. Never renumber: they are on the wire.
 enum class DType : std::uint8_t {
-  uint8 = 1, int8, int16, int32, int64, float16, float32, float64, complex32, complex64,
-  complex128, bool_, bfloat16, uint16, uint32, uint64, float8_e5m2, float8_e4m3fn,
-  float8_e5m2fnuz, float8_e4m3fnuz,
+  uint8 = 1,
+  int8,
+  int16,
+  int32,
+  int64,
+  float16,
+  float32,
+  float64,
+  complex32,
+  complex64,
+  complex128,
+  bool_,
+  bfloat16,
+  uint16,
+  uint32,
+  uint64,
+  float8_e5m2,
+  float8_e4m3fn,
+  float8_e5m2fnuz,
+  float8_e4m3fnuz,
 };
 // Bytes per element of a known dtype, 0 for an unknown code.
 std::size_t element_size(std::uint8_t dtype) noexcept;

@@ -1,7 +1,7 @@
 // ferry: zero-copy PyTorch tensors between processes. Include this one header.
 #pragma once
 
-#include "ipc/error.hpp"         // ferry::Error, ferry::Errc
-#include "ipc/stats.hpp"         // ferry::transport_stats()
+#include "ipc/error.hpp"              // ferry::Error, ferry::Errc
+#include "ipc/stats.hpp"              // ferry::transport_stats()
 #include "runtime/shared_tensor.hpp"  // ferry::empty_shared(), ferry::arena_stats()
 #include "runtime/tensor_queue.hpp"   // ferry::TensorQueue

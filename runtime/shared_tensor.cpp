@@ -34,7 +34,8 @@ at::Tensor empty_shared(at::IntArrayRef sizes, const at::TensorOptions& options)
 
 at::Tensor to_shared(const at::Tensor& t) {
   if (!t.device().is_cpu()) {
-    throw Error(Errc::invalid_argument, "to_shared takes CPU tensors, got one on " + t.device().str());
+    throw Error(Errc::invalid_argument,
+                "to_shared takes CPU tensors, got one on " + t.device().str());
   }
   at::Tensor out = t.is_non_overlapping_and_dense()
                        ? detail::allocate_in_arena(Arena::local(), t.sizes(), t.strides(),
@@ -43,7 +44,9 @@ at::Tensor to_shared(const at::Tensor& t) {
   return out.copy_(t);
 }
 
-bool is_shared(const at::Tensor& t) { return detail::arena_block_of(t) != nullptr; }
+bool is_shared(const at::Tensor& t) {
+  return detail::arena_block_of(t) != nullptr;
+}
 
 ArenaStats arena_stats() {
   Arena& arena = Arena::local();

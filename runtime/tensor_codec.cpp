@@ -24,7 +24,9 @@ struct ReceivedContext {
   pid_t holder;
 };
 
-void owned_deleter(void* ctx) { delete static_cast<OwnedContext*>(ctx); }
+void owned_deleter(void* ctx) {
+  delete static_cast<OwnedContext*>(ctx);
+}
 
 void received_deleter(void* ctx) {
   auto* c = static_cast<ReceivedContext*>(ctx);
@@ -42,7 +44,9 @@ at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFn
       .set_(std::move(storage), storage_offset, sizes, strides);
 }
 
-std::string where(std::size_t index) { return "tensor " + std::to_string(index) + " of the message"; }
+std::string where(std::size_t index) {
+  return "tensor " + std::to_string(index) + " of the message";
+}
 
 }  // namespace
 
@@ -64,7 +68,8 @@ std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t) {
 }
 
 bool is_received(const at::Tensor& t) {
-  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &received_deleter;
+  return t.defined() && t.has_storage() &&
+         t.storage().data_ptr().get_deleter() == &received_deleter;
 }
 
 Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detached) {
@@ -91,8 +96,8 @@ Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detac
     bump(c.tensors_zero_copy);
     bump(c.bytes_zero_copy, t.nbytes());
   } else {
-    CopyReason reason = detached          ? CopyReason::detached
-                        : is_received(t)  ? CopyReason::received
+    CopyReason reason = detached         ? CopyReason::detached
+                        : is_received(t) ? CopyReason::received
                         : t.has_storage() && t.storage().data_ptr().get_deleter() == &owned_deleter
                             ? CopyReason::foreign_arena
                             : CopyReason::not_shared;
@@ -139,8 +144,8 @@ at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
                   std::shared_ptr<Segment> ledger, pid_t holder) {
   const at::ScalarType dtype = from_wire_dtype(r.dtype);
   std::byte* base = data->data() + r.block_offset;
-  auto* ctx = new ReceivedContext{std::move(data), std::move(ledger), r.lease_slot, r.lease_gen,
-                                  holder};
+  auto* ctx =
+      new ReceivedContext{std::move(data), std::move(ledger), r.lease_slot, r.lease_gen, holder};
   const at::IntArrayRef sizes(r.sizes, r.rank);
   const at::IntArrayRef strides(r.strides, r.rank);
   return tensor_over(base, r.block_length, ctx, &received_deleter, dtype, sizes, strides,

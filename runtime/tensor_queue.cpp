@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <thread>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "ipc/arena.hpp"
 #include "ipc/log.hpp"
@@ -27,11 +27,13 @@ constexpr auto kFetchTimeout = std::chrono::seconds(5);
 // receivers have claimed its in-flight messages: once it is gone its memory cannot be fetched.
 void linger_at_exit() {
   const char* env = std::getenv("FERRY_EXIT_LINGER_MS");
-  const std::size_t waiting = flush(std::chrono::milliseconds(env && *env ? std::atoll(env) : 2000));
+  const std::size_t waiting =
+      flush(std::chrono::milliseconds(env && *env ? std::atoll(env) : 2000));
   if (waiting > 0) {
-    log().warn("exiting with {} sent tensor(s) never received; their receivers will get "
-               "peer_dead (FERRY_EXIT_LINGER_MS sets how long to wait)",
-               waiting);
+    log().warn(
+        "exiting with {} sent tensor(s) never received; their receivers will get "
+        "peer_dead (FERRY_EXIT_LINGER_MS sets how long to wait)",
+        waiting);
   }
 }
 
@@ -48,8 +50,8 @@ std::atomic<std::int64_t> g_last_dead_check{0};
 void reclaim_if_due(Ledger& ledger) {
   const std::int64_t now = Clock::now().time_since_epoch().count();
   std::int64_t last = g_last_dead_check.load(std::memory_order_relaxed);
-  const bool dead_due = now - last >= kDeadCheckNs &&
-                        g_last_dead_check.compare_exchange_strong(last, now);
+  const bool dead_due =
+      now - last >= kDeadCheckNs && g_last_dead_check.compare_exchange_strong(last, now);
   if (dead_due || ledger.has_releases()) ledger.reclaim(dead_due);
 }
 
@@ -119,7 +121,8 @@ TensorQueue TensorQueue::create(const Options& options) {
 
 TensorQueue TensorQueue::attach(int fd) {
   UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!own) throw_errno(Errc::invalid_argument, "TensorQueue::attach(" + std::to_string(fd) + ")", errno);
+  if (!own)
+    throw_errno(Errc::invalid_argument, "TensorQueue::attach(" + std::to_string(fd) + ")", errno);
   auto channel = Channel::attach(std::move(own));
   if (channel->record_size() != sizeof(wire::Record)) {
     throw Error(Errc::invalid_argument, "fd " + std::to_string(fd) +
@@ -225,10 +228,20 @@ std::optional<Tensors> TensorQueue::try_recv(std::chrono::milliseconds timeout) 
   }
 }
 
-void TensorQueue::close() noexcept { channel_->close(); }
-bool TensorQueue::closed() const noexcept { return channel_->closed(); }
-std::uint32_t TensorQueue::capacity() const noexcept { return channel_->capacity(); }
-std::uint32_t TensorQueue::size() const noexcept { return channel_->size(); }
-int TensorQueue::fd() const noexcept { return channel_->fd(); }
+void TensorQueue::close() noexcept {
+  channel_->close();
+}
+bool TensorQueue::closed() const noexcept {
+  return channel_->closed();
+}
+std::uint32_t TensorQueue::capacity() const noexcept {
+  return channel_->capacity();
+}
+std::uint32_t TensorQueue::size() const noexcept {
+  return channel_->size();
+}
+int TensorQueue::fd() const noexcept {
+  return channel_->fd();
+}
 
 }  // namespace ferry

@@ -1,19 +1,19 @@
 // Helpers for tests that cross real process boundaries.
 #pragma once
 
+#include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <sched.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <exception>

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <stdexcept>
 #include <cstdio>
+#include <stdexcept>
 #include <vector>
 
 #include "ipc/units.hpp"
@@ -54,10 +54,11 @@ struct Row {
 
 void print_row(const Row& r) {
   const std::uint64_t total = r.bytes_zc + r.bytes_cp;
-  std::printf("  %-16s %8llu %12s %8llu %12s %7.1f%%\n", r.direction,
-              static_cast<unsigned long long>(r.tensors_zc), ferry::format_bytes(r.bytes_zc).c_str(),
-              static_cast<unsigned long long>(r.tensors_cp), ferry::format_bytes(r.bytes_cp).c_str(),
-              total ? 100.0 * static_cast<double>(r.bytes_zc) / static_cast<double>(total) : 0.0);
+  std::printf(
+      "  %-16s %8llu %12s %8llu %12s %7.1f%%\n", r.direction,
+      static_cast<unsigned long long>(r.tensors_zc), ferry::format_bytes(r.bytes_zc).c_str(),
+      static_cast<unsigned long long>(r.tensors_cp), ferry::format_bytes(r.bytes_cp).c_str(),
+      total ? 100.0 * static_cast<double>(r.bytes_zc) / static_cast<double>(total) : 0.0);
 }
 
 }  // namespace
@@ -122,8 +123,9 @@ int main(int argc, char** argv) {
     const ferry::TransportStats s = ferry::transport_stats();
     std::sort(round_trips.begin(), round_trips.end());
     auto pct = [&](double p) {
-      return round_trips[std::min(round_trips.size() - 1,
-                                  static_cast<std::size_t>(p * static_cast<double>(round_trips.size())))];
+      return round_trips[std::min(
+          round_trips.size() - 1,
+          static_cast<std::size_t>(p * static_cast<double>(round_trips.size())))];
     };
     std::printf("ferry demo: parent %d <-> child %d, %d messages each way (3 tensors each)\n",
                 static_cast<int>(parent), static_cast<int>(child), messages);
@@ -147,7 +149,8 @@ int main(int argc, char** argv) {
                 copy_every);
     const ferry::ArenaStats a = ferry::arena_stats();
     std::printf("  parent arena: %llu segment(s), %s reserved, %s in use after the run\n",
-                static_cast<unsigned long long>(a.segments), ferry::format_bytes(a.bytes_reserved).c_str(),
+                static_cast<unsigned long long>(a.segments),
+                ferry::format_bytes(a.bytes_reserved).c_str(),
                 ferry::format_bytes(a.bytes_in_use).c_str());
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::fprintf(stderr, "ferry-demo: the child did not exit cleanly (status %d)\n", status);

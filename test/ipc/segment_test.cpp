@@ -38,15 +38,13 @@ TEST_CASE("a segment is shared memory that a forked child writes and the parent 
   auto seg = Segment::create(1 << 20);
   REQUIRE(seg->size() == (1u << 20));
   REQUIRE(seg->fd() >= 0);
-  const int code = ferry::test::wait_child(ferry::test::fork_child([&] {
-    std::memcpy(seg->data() + 4096, "ferry", 6);
-  }));
+  const int code = ferry::test::wait_child(
+      ferry::test::fork_child([&] { std::memcpy(seg->data() + 4096, "ferry", 6); }));
   REQUIRE(code == 0);
   REQUIRE(std::string(reinterpret_cast<const char*>(seg->data() + 4096)) == "ferry");
 }
 
-TEST_CASE("segments leave nothing in /dev/shm, even when their owner is SIGKILLed",
-          "[segment]") {
+TEST_CASE("segments leave nothing in /dev/shm, even when their owner is SIGKILLed", "[segment]") {
   const auto before = shm_entries();
   int ready[2];
   REQUIRE(::pipe(ready) == 0);

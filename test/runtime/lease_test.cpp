@@ -53,7 +53,8 @@ TEST_CASE("a block returns to the sender when the receiver drops its last view",
   REQUIRE(held.leases_outstanding == base.leases_outstanding + 1);
   down.send({}, 30s);
   up.recv(30s);
-  auto freed = settle([&](const ferry::ArenaStats& s) { return s.blocks_in_use == base.blocks_in_use; });
+  auto freed =
+      settle([&](const ferry::ArenaStats& s) { return s.blocks_in_use == base.blocks_in_use; });
   REQUIRE(freed.blocks_in_use == base.blocks_in_use);
   REQUIRE(freed.bytes_in_use == base.bytes_in_use);
   REQUIRE(freed.leases_outstanding == base.leases_outstanding);
@@ -91,7 +92,8 @@ TEST_CASE("a receiver SIGKILLed while holding tensors gives its leases back", "[
   REQUIRE(ferry::arena_stats().leases_outstanding == base.leases_outstanding + 3);
   ::kill(child, SIGKILL);
   ferry::test::wait_child(child);
-  auto s = settle([&](const ferry::ArenaStats& s) { return s.blocks_in_use == base.blocks_in_use; });
+  auto s =
+      settle([&](const ferry::ArenaStats& s) { return s.blocks_in_use == base.blocks_in_use; });
   REQUIRE(s.blocks_in_use == base.blocks_in_use);
   REQUIRE(s.leases_outstanding == base.leases_outstanding);
   REQUIRE(ferry::transport_stats().leases_reclaimed - reclaimed_before == 3);
@@ -110,7 +112,8 @@ TEST_CASE("receivers killed at random instants leak nothing and jam nothing", "[
       }
     });
     for (int i = 0; i < 20; ++i) {
-      const Tensors m = {ferry::empty_shared({4096}, at::kInt).fill_(i), at::full({8}, i, at::kInt)};
+      const Tensors m = {ferry::empty_shared({4096}, at::kInt).fill_(i),
+                         at::full({8}, i, at::kInt)};
       // Until the new child's first pop registers it, a full queue whose only consumer was
       // killed answers peer_dead: the sender is told, and may try again.
       for (;;) {
@@ -134,7 +137,8 @@ TEST_CASE("receivers killed at random instants leak nothing and jam nothing", "[
     REQUIRE((*m)[0][0].item<int>() == (*m)[1][0].item<int>());
     ++delivered_to_survivor;
   }
-  auto s = settle([&](const ferry::ArenaStats& s) { return s.blocks_in_use == base.blocks_in_use; });
+  auto s =
+      settle([&](const ferry::ArenaStats& s) { return s.blocks_in_use == base.blocks_in_use; });
   REQUIRE(s.blocks_in_use == base.blocks_in_use);
   REQUIRE(s.leases_outstanding == base.leases_outstanding);
   INFO("messages left for the survivor: " << delivered_to_survivor);

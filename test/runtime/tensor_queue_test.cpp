@@ -42,10 +42,10 @@ at::Tensor sample(at::ScalarType t) {
 }  // namespace
 
 TEST_CASE("every dtype crosses to another process and back, bit for bit", "[queue]") {
-  std::vector<at::ScalarType> types = {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
-                                       at::kHalf, at::kFloat, at::kDouble, at::kComplexHalf,
-                                       at::kComplexFloat, at::kComplexDouble, at::kBool,
-                                       at::kBFloat16};
+  std::vector<at::ScalarType> types = {
+      at::kByte,          at::kChar,  at::kShort,   at::kInt,         at::kLong,
+      at::kHalf,          at::kFloat, at::kDouble,  at::kComplexHalf, at::kComplexFloat,
+      at::kComplexDouble, at::kBool,  at::kBFloat16};
 #if TORCH_VERSION_MAJOR >= 2 && TORCH_VERSION_MINOR >= 3
   types.insert(types.end(), {at::kUInt16, at::kUInt32, at::kUInt64});
 #endif
@@ -76,7 +76,7 @@ TEST_CASE("0-d, empty and strided views keep their shape and strides", "[queue]"
   auto base = ferry::empty_shared({6, 8}, at::kFloat);
   base.copy_(at::arange(48, at::kFloat).view({6, 8}));
   Tensors sent = {
-      ferry::to_shared(at::scalar_tensor(3.5)),  // 0-d
+      ferry::to_shared(at::scalar_tensor(3.5)),   // 0-d
       at::empty({0, 4}),                          // empty
       base.t(),                                   // transposed: strides (1, 8)
       base.slice(1, 1, 7, 2),                     // every other column: strides (8, 2), offset 1
