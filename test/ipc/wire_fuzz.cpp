@@ -14,30 +14,15 @@
 #include <string>
 
 #include "ipc/wire.hpp"
+#include "wire_reference.hpp"
 
 using namespace ferry::wire;
+
+using ferry::wire::test::reference_extent;
 
 namespace {
 
 static_assert(sizeof(std::size_t) == 8, "the mapped size is read as 8 bytes");
-
-// Same contract as view_extent_bytes(), computed in 128-bit arithmetic that cannot overflow for
-// validated fields, so an off-by-one or a missed overflow in the decoder shows up as a mismatch.
-std::int64_t reference_extent(const Record& r) {
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  if (r.flags & kFlagEmptyMessage) return 0;
-  for (int i = 0; i < r.rank; ++i) {
-    if (r.sizes[i] == 0) return 0;
-  }
-  __int128 last = r.storage_offset;
-  for (int i = 0; i < r.rank; ++i) {
-    last += static_cast<__int128>(r.sizes[i] - 1) * r.strides[i];
-    if (last > kMax) return -1;
-  }
-  if (last + 1 > kMax) return -1;
-  const __int128 bytes = (last + 1) * static_cast<__int128>(element_size(r.dtype));
-  return bytes > kMax ? -1 : static_cast<std::int64_t>(bytes);
-}
 
 // abort() rather than assert(): the check must hold in every build, NDEBUG or not.
 [[noreturn]] void broken(const char* what, const Record& r, std::size_t mapped,

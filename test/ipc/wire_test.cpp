@@ -1,4 +1,5 @@
 #include "ipc/wire.hpp"
+#include "wire_reference.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -12,6 +13,8 @@
 using namespace ferry::wire;
 using Catch::Matchers::Contains;
 
+using ferry::wire::test::reference_extent;
+
 namespace {
 
 constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
@@ -19,26 +22,6 @@ constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
 
 std::uint8_t code(DType d) {
   return static_cast<std::uint8_t>(d);
-}
-
-// A second, independent extent computation in 128-bit arithmetic: it cannot overflow for any
-// non-negative int64 fields, so it tells whether the decoder's overflow-checked result is right.
-// Returns -1 where an intermediate (last element index, element count) or the byte count does
-// not fit in int64, as the decoder's contract says.
-std::int64_t reference_extent(const Record& r) {
-  if (r.flags & kFlagEmptyMessage) return 0;
-  for (int i = 0; i < r.rank; ++i) {
-    if (r.sizes[i] == 0) return 0;
-  }
-  __int128 last = r.storage_offset;
-  for (int i = 0; i < r.rank; ++i) {
-    // Each term is below 2^126; checking after every add keeps the sum below 2^127.
-    last += static_cast<__int128>(r.sizes[i] - 1) * r.strides[i];
-    if (last > kI64Max) return -1;
-  }
-  if (last + 1 > kI64Max) return -1;
-  const __int128 bytes = (last + 1) * static_cast<__int128>(element_size(r.dtype));
-  return bytes > kI64Max ? -1 : static_cast<std::int64_t>(bytes);
 }
 
 // A valid one-tensor CPU record for the given view, with block_length exactly its extent.
