@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ferry builds against, and only those that are missing,
 # so that `make run` and `make test` work on a fresh machine and cost nothing afterwards.
+# clang and its runtime build the wire fuzzer (the suite skips it, saying so, without them).
 set -euo pipefail
 
 packages=(cmake make g++ pkg-config libtorch-dev libboost-dev catch2 libspdlog-dev libcli11-dev
-          nlohmann-json3-dev libbenchmark-dev python3-torch)
+          nlohmann-json3-dev python3-torch clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

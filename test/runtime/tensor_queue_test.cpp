@@ -1,5 +1,6 @@
 #include "runtime/tensor_queue.hpp"
 
+#include <fcntl.h>
 #include <sys/statvfs.h>
 
 #include <catch2/catch.hpp>
@@ -301,10 +302,35 @@ TEST_CASE("tensors of 1 GiB and more cross zero-copy", "[queue][large]") {
   REQUIRE(ferry::test::wait_child(child) == 0);
 }
 
+// Run only when the test below re-executes this binary: the exec'd half of a spawned peer.
+TEST_CASE("exec'd peer: attach by inherited fd and echo", "[.exec_peer]") {
+  const char* fd = std::getenv("FERRY_TEST_QUEUE_FDS");
+  if (!fd) return;
+  int in_fd = -1, out_fd = -1;
+  REQUIRE(std::sscanf(fd, "%d,%d", &in_fd, &out_fd) == 2);
+  auto in = TensorQueue::attach(in_fd);
+  auto out = TensorQueue::attach(out_fd);
+  Tensors m = in.recv(30s);
+  out.send({m[0] + 1, m[1]}, 30s);
+  REQUIRE(ferry::flush(30s) == 0);
+}
+
 TEST_CASE("a queue crosses exec by its fd", "[queue]") {
-  auto q = TensorQueue::create({4});
-  auto twin = TensorQueue::attach(q.fd());  // what a spawned child does with the inherited fd
-  twin.send({at::arange(4)}, 1s);
-  REQUIRE(q.recv(1s)[0].equal(at::arange(4)));
+  auto to_peer = TensorQueue::create({4});
+  auto from_peer = TensorQueue::create({4});
+  const pid_t child = ferry::test::fork_child([&] {
+    for (int fd : {to_peer.fd(), from_peer.fd()}) ::fcntl(fd, F_SETFD, 0);  // inherit across exec
+    const std::string fds = std::to_string(to_peer.fd()) + "," + std::to_string(from_peer.fd());
+    ::setenv("FERRY_TEST_QUEUE_FDS", fds.c_str(), 1);
+    ::execl("/proc/self/exe", "runtime_tests", "[.exec_peer]", nullptr);
+    ::_exit(127);
+  });
+  auto shared = ferry::empty_shared({3}, at::kFloat);
+  shared.fill_(1);
+  to_peer.send({at::arange(5), shared}, 30s);
+  Tensors back = from_peer.recv(30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(back[0].equal(at::arange(5) + 1));
+  REQUIRE(back[1].equal(shared));
   REQUIRE_THROWS_AS(TensorQueue::attach(-1), Error);
 }
