@@ -4,7 +4,7 @@
 # clang and its runtime build the wire fuzzer (the suite skips it, saying so, without them).
 set -euo pipefail
 
-packages=(cmake make g++ pkg-config libtorch-dev libboost-dev catch2 libspdlog-dev libcli11-dev
+packages=(cmake make g++ pkg-config libtorch-dev catch2 libspdlog-dev libcli11-dev
           nlohmann-json3-dev python3-torch clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
