@@ -67,11 +67,31 @@ struct RingHeader {
   std::atomic<std::uint64_t> tail;
   alignas(64) std::atomic<std::uint32_t> not_empty_seq;
   std::atomic<std::uint32_t> not_full_seq;
+  // Processes asleep (or about to sleep) on each futex word: a wake is a syscall, so it is made
+  // only when someone may be waiting. A waiter killed while counted costs spare wakes, never a
+  // lost one.
+  std::atomic<std::uint32_t> empty_waiters;
+  std::atomic<std::uint32_t> full_waiters;
   std::atomic<std::uint32_t> closed;
   // Roles of dead participants whose entries were recycled: their death must still count.
   std::atomic<std::uint32_t> dead_roles;
   alignas(64) std::atomic<std::uint64_t> participants[kParticipants];
 };
+
+// The waker bumps the word then reads the waiter count; the waiter counts itself then lets the
+// kernel compare the word. Both sequentially consistent, so either the waker sees the waiter or
+// the waiter sees the new word and does not sleep.
+void wake(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters) noexcept {
+  word->fetch_add(1, std::memory_order_seq_cst);
+  if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake_all(word);
+}
+
+void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
+              std::uint32_t seen, std::chrono::nanoseconds slice) noexcept {
+  waiters->fetch_add(1, std::memory_order_seq_cst);
+  futex_wait(word, seen, slice);
+  waiters->fetch_sub(1, std::memory_order_seq_cst);
+}
 
 constexpr std::size_t kHeaderBytes = (sizeof(RingHeader) + 63) / 64 * 64;
 
@@ -342,8 +362,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       }
     }
     if (pushed) {
-      h->not_empty_seq.fetch_add(1, std::memory_order_release);
-      futex_wake_all(&h->not_empty_seq);
+      wake(&h->not_empty_seq, &h->empty_waiters);
       return seq;
     }
     if (deadline.passed()) {
@@ -358,7 +377,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       throw Error(Errc::peer_dead,
                   "push: the channel is full and every process that consumed from it has exited");
     }
-    futex_wait(&h->not_full_seq, seen, deadline.slice());
+    sleep_on(&h->not_full_seq, &h->full_waiters, seen, deadline.slice());
   }
 }
 
@@ -398,8 +417,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       }
     }
     if (popped != 0) {
-      h->not_full_seq.fetch_add(1, std::memory_order_release);
-      futex_wake_all(&h->not_full_seq);
+      wake(&h->not_full_seq, &h->full_waiters);
       return popped;
     }
     if (deadline.passed()) {
@@ -411,7 +429,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       throw Error(Errc::peer_dead,
                   "pop: the channel is empty and every process that pushed to it has exited");
     }
-    futex_wait(&h->not_empty_seq, seen, deadline.slice());
+    sleep_on(&h->not_empty_seq, &h->empty_waiters, seen, deadline.slice());
   }
 }
 
