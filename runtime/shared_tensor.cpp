@@ -33,15 +33,11 @@ at::Tensor empty_shared(at::IntArrayRef sizes, const at::TensorOptions& options)
 }
 
 at::Tensor to_shared(const at::Tensor& t) {
-  if (!t.device().is_cpu()) {
+  if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) {
     throw Error(Errc::invalid_argument,
-                "to_shared takes CPU tensors, got one on " + t.device().str());
+                "to_shared takes a dense CPU tensor; call .cpu() or .to_dense() first");
   }
-  at::Tensor out = t.is_non_overlapping_and_dense()
-                       ? detail::allocate_in_arena(Arena::local(), t.sizes(), t.strides(),
-                                                   t.scalar_type(), t.nbytes())
-                       : empty_shared(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
-  return out.copy_(t);
+  return detail::copy_to_arena(Arena::local(), t);
 }
 
 bool is_shared(const at::Tensor& t) {

@@ -1,5 +1,7 @@
 #include "runtime/tensor_codec.hpp"
 
+#include <c10/util/strides.h>
+
 #include <cstring>
 #include <string>
 
@@ -59,6 +61,22 @@ at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRe
   return tensor_over(base, storage_bytes, ctx, &owned_deleter, dtype, sizes, strides, 0);
 }
 
+at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t) {
+  // A dense tensor's elements are one span of bytes starting at data_ptr() (strides are never
+  // negative), so copying that span into a block with the same strides reproduces the layout
+  // exactly, at memcpy speed. Lazy conjugate or negative views must be resolved by copy_.
+  if (t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
+    at::Tensor out = allocate_in_arena(arena, t.sizes(), t.strides(), t.scalar_type(), t.nbytes());
+    if (t.nbytes() > 0) std::memcpy(out.data_ptr(), t.data_ptr(), t.nbytes());
+    return out;
+  }
+  // Gapped views (t[:, ::2]) are packed contiguously rather than shipping the bytes between
+  // their elements.
+  return allocate_in_arena(arena, t.sizes(), c10::contiguous_strides(t.sizes()), t.scalar_type(),
+                           t.nbytes())
+      .copy_(t);
+}
+
 std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;
   const c10::DataPtr& dp = t.storage().data_ptr();
@@ -101,15 +119,7 @@ Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detac
                         : t.has_storage() && t.storage().data_ptr().get_deleter() == &owned_deleter
                             ? CopyReason::foreign_arena
                             : CopyReason::not_shared;
-    // Dense views keep their strides; gapped views (t[:, ::2]) are packed contiguously rather
-    // than shipping the bytes between their elements.
-    if (t.is_non_overlapping_and_dense()) {
-      shared = allocate_in_arena(arena, t.sizes(), t.strides(), t.scalar_type(), t.nbytes());
-    } else {
-      auto cont = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
-      shared = allocate_in_arena(arena, cont.sizes(), cont.strides(), t.scalar_type(), t.nbytes());
-    }
-    shared.copy_(t);
+    shared = copy_to_arena(arena, t);
     block = arena_block_of(shared);
     bump(c.tensors_copied);
     bump(c.bytes_copied, t.nbytes());

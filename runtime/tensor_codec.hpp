@@ -35,6 +35,10 @@ struct BlockHandle {
 at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
                              at::ScalarType dtype, std::size_t storage_bytes);
 
+// A copy of `t` in a fresh block of `arena`: dense tensors keep their strides, gapped views are
+// packed contiguously.
+at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t);
+
 // The arena block behind `t`'s storage when it is one of this process's own, else null.
 std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t);
 // True when `t`'s storage was received from a peer.

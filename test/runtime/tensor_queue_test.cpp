@@ -245,6 +245,15 @@ TEST_CASE("waits end: timeout, close, and a sender that died", "[queue]") {
   }
 }
 
+TEST_CASE("lazy conjugate and negative views arrive resolved", "[queue]") {
+  auto q = TensorQueue::create({4});
+  auto z = at::randn({4, 3}, at::kComplexFloat);
+  q.send({z.conj(), at::_neg_view(z)}, 1s);
+  Tensors m = q.recv(1s);
+  REQUIRE(m[0].equal(z.conj().resolve_conj()));
+  REQUIRE(m[1].equal(z.neg()));
+}
+
 TEST_CASE("a message of no tensors arrives as an empty list", "[queue]") {
   auto q = TensorQueue::create({2});
   q.send({}, 1s);
