@@ -1,0 +1,988 @@
+// ferry-bench: ferry's transports measured side by side with their limits (a 1-byte pipe round
+// trip, single-core memcpy) and with torch.multiprocessing.Queue (torch_peer.py), in one run.
+// docs/benchmarks.md explains the method and the columns; `make bench` runs it.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#if __has_include(<torch/version.h>)
+#include <torch/version.h>
+#endif
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ipc/stats.hpp"
+#include "runtime/shared_tensor.hpp"
+#include "runtime/tensor_queue.hpp"
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using ferry::Tensors;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr std::size_t kKiB = 1024;
+constexpr std::size_t kMiB = 1024 * kKiB;
+constexpr std::size_t kPage = 4096;
+constexpr std::uint32_t kCapacity = 8;  // queue depth for every transport, torch's included
+// Generous: a wait this long means a peer is stuck, and the run should fail rather than hang.
+constexpr std::chrono::milliseconds kTimeout{60'000};
+// Stamps are float32 values, exact up to 2^24.
+constexpr std::uint32_t kStampModulo = 1u << 24;
+
+// A sink the optimizer cannot see through, so the consumer's reads are really done.
+volatile float g_sink = 0;
+
+struct Config {
+  std::vector<std::size_t> sizes;
+  int iterations = 2000;
+  bool quick = false;
+  double time_cap_s = 3.0;
+  std::string python = "/usr/bin/python3";
+  std::string peer_script;
+  bool torch = true;
+  std::string json_path;
+};
+
+struct Plan {
+  int round_trips;
+  int messages;
+};
+
+// Fewer repetitions as messages grow, so 64 MiB costs about as much wall time as 4 KiB.
+// torch_peer.py's plan() is the same formula, for when it runs on its own.
+Plan plan(std::size_t size, int iterations, bool quick) {
+  const std::size_t byte_cap = (quick ? 128 : 2048) * kMiB;
+  const auto n = static_cast<std::size_t>(iterations);
+  const auto round_trips = std::max({n / 40, std::min(n, n * kMiB / size), std::size_t{5}});
+  const auto messages = std::max({n / 40, std::min(5 * n, byte_cap / size), std::size_t{5}});
+  return {static_cast<int>(round_trips), static_cast<int>(messages)};
+}
+
+struct Latency {
+  double p50 = 0, p99 = 0;
+  std::size_t n = 0;
+};
+
+struct Throughput {
+  double messages_per_s = 0, gb_per_s = 0;
+  std::size_t n = 0;
+};
+
+// Nearest rank, the definition torch_peer.py uses too.
+double percentile(const std::vector<double>& sorted, int pct) {
+  if (sorted.empty()) return 0;
+  const std::size_t rank = (static_cast<std::size_t>(pct) * sorted.size() + 99) / 100;
+  return sorted[std::min(sorted.size(), std::max<std::size_t>(rank, 1)) - 1];
+}
+
+Latency summarize(std::vector<double> samples_us) {
+  std::sort(samples_us.begin(), samples_us.end());
+  return {percentile(samples_us, 50), percentile(samples_us, 99), samples_us.size()};
+}
+
+double seconds_since(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes and the pipes that pace them.
+
+[[noreturn]] void fail_errno(const std::string& what) {
+  throw std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+// Two one-way pipes between a parent and the child it forks. Besides carrying the pipe round
+// trip, they tell the parent when the child has finished a phase, outside the transport measured.
+class Link {
+ public:
+  Link() {
+    if (::pipe2(down_, O_CLOEXEC) != 0 || ::pipe2(up_, O_CLOEXEC) != 0) fail_errno("pipe2");
+  }
+  ~Link() {
+    for (int fd : {down_[0], down_[1], up_[0], up_[1]})
+      if (fd >= 0) ::close(fd);
+  }
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  // Each side closes the ends it does not use, so a peer's death reads as end of file, not a hang.
+  void parent_side() { close_ends(down_[0], up_[1]); }
+  void child_side() {
+    close_ends(down_[1], up_[0]);
+    child_ = true;
+  }
+
+  void send(char c) { write_all(child_ ? up_[1] : down_[1], &c, 1); }
+  char recv() {
+    char c = 0;
+    read_all(child_ ? down_[0] : up_[0], &c, 1);
+    return c;
+  }
+  void send_count(std::uint64_t v) { write_all(child_ ? up_[1] : down_[1], &v, sizeof v); }
+  std::uint64_t recv_count() {
+    std::uint64_t v = 0;
+    read_all(child_ ? down_[0] : up_[0], &v, sizeof v);
+    return v;
+  }
+
+ private:
+  static void close_ends(int& a, int& b) {
+    ::close(a);
+    ::close(b);
+    a = b = -1;
+  }
+  static void write_all(int fd, const void* p, std::size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t w = ::write(fd, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail_errno("write to peer");
+      c += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  static void read_all(int fd, void* p, std::size_t n) {
+    char* c = static_cast<char*>(p);
+    while (n > 0) {
+      ssize_t r = ::read(fd, c, n);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) throw std::runtime_error("peer process exited early");
+      if (r < 0) fail_errno("read from peer");
+      c += r;
+      n -= static_cast<std::size_t>(r);
+    }
+  }
+  int down_[2] = {-1, -1};
+  int up_[2] = {-1, -1};
+  bool child_ = false;
+};
+
+// A forked child running `body`. The child never returns into main: it _exits, so LibTorch's
+// and ferry's static destructors run only in the parent. Killed and reaped if the parent bails.
+class Child {
+ public:
+  explicit Child(const std::function<void()>& body) {
+    std::fflush(nullptr);  // or buffered output would be printed twice
+    pid_ = ::fork();
+    if (pid_ < 0) fail_errno("fork");
+    if (pid_ == 0) {
+      int code = 0;
+      try {
+        body();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ferry-bench child: %s\n", e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  void wait() {
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0) {
+      if (errno != EINTR) fail_errno("waitpid");
+    }
+    pid_ = -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      throw std::runtime_error("child process failed (status " + std::to_string(status) + ")");
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// What producers write and consumers read.
+
+float* floats(const at::Tensor& t) {
+  return static_cast<float*>(t.data_ptr());
+}
+
+// One load per 4 KiB page: every page of the message is mapped into the consumer and read, which
+// a transport that defers work (lazy mapping, copy on read) cannot skip.
+float touch_pages(const at::Tensor& t) {
+  const auto* base = static_cast<const unsigned char*>(t.data_ptr());
+  const std::size_t bytes = t.nbytes();
+  float sum = 0;
+  for (std::size_t off = 0; off < bytes; off += kPage) {
+    float v;
+    std::memcpy(&v, base + off, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
+// Round trips carry a stamp at both ends of the tensor, checked on arrival: the answer is the
+// data of this iteration, not a stale view.
+void stamp(const at::Tensor& t, std::uint32_t i) {
+  const float v = static_cast<float>(i % kStampModulo);
+  floats(t)[0] = v;
+  floats(t)[t.numel() - 1] = v;
+}
+
+void check_stamp(const Tensors& msg, std::uint32_t i, std::int64_t numel) {
+  if (msg.size() != 1 || msg[0].numel() != numel) {
+    throw std::runtime_error("round trip: unexpected message shape");
+  }
+  const float v = static_cast<float>(i % kStampModulo);
+  const float* f = floats(msg[0]);
+  if (f[0] != v || f[numel - 1] != v) {
+    throw std::runtime_error("round trip: stale data (stamp " + std::to_string(f[0]) +
+                             ", expected " + std::to_string(v) + ")");
+  }
+}
+
+enum class Mode { zero_copy, copy };
+const char* mode_name(Mode m) {
+  return m == Mode::zero_copy ? "ferry_zero_copy" : "ferry_copy";
+}
+
+// Filled, so every page is real before the clock starts and copies move real data.
+at::Tensor make_tensor(Mode mode, std::int64_t numel, float value) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor t =
+      mode == Mode::zero_copy ? ferry::empty_shared({numel}, options) : at::empty({numel}, options);
+  std::fill_n(floats(t), numel, value);
+  return t;
+}
+
+// Ends a loop whose length the parent decides (count reached or time cap passed). Made the same
+// way as the messages, so it does not add a copy to a zero-copy run's counters.
+bool is_stop(const Tensors& msg) {
+  return msg.size() == 1 && msg[0].numel() == 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurements.
+
+struct TimedLoop {
+  int warmup, iterations;
+  double time_cap_s;
+  SteadyClock::time_point deadline{};
+  int measured = 0;
+
+  // False once the loop is done; starts the time cap when the warm-up ends. At least 5 samples.
+  bool next(int i) {
+    if (i == warmup) {
+      deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                          std::chrono::duration<double>(time_cap_s));
+    }
+    if (i >= warmup + iterations) return false;
+    if (i > warmup && measured >= 5 && SteadyClock::now() > deadline) return false;
+    return true;
+  }
+};
+
+Latency pipe_round_trip(int iterations, double time_cap_s) {
+  Link link;
+  Child child([&] {
+    link.child_side();
+    for (char c; (c = link.recv()) != 'q';) link.send(c);
+  });
+  link.parent_side();
+  TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
+  std::vector<double> samples;
+  for (int i = 0; loop.next(i); ++i) {
+    const auto t0 = SteadyClock::now();
+    link.send('p');
+    if (link.recv() != 'p') throw std::runtime_error("pipe round trip: wrong byte");
+    const auto t1 = SteadyClock::now();
+    if (i >= loop.warmup) {
+      samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      ++loop.measured;
+    }
+  }
+  link.send('q');
+  child.wait();
+  return summarize(std::move(samples));
+}
+
+// The parent sends a stamped tensor, the child checks it and answers with its own tensor of the
+// same size (a received tensor sent back would be copied: ferry forwards by copying).
+Latency ferry_round_trip(Mode mode, std::size_t bytes, int iterations, double time_cap_s) {
+  const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
+  auto down = ferry::TensorQueue::create({kCapacity});
+  auto up = ferry::TensorQueue::create({kCapacity});
+  Child child([&] {
+    const at::Tensor own = make_tensor(mode, numel, 0);
+    for (std::uint32_t i = 0;; ++i) {
+      Tensors msg = down.recv(kTimeout);
+      if (is_stop(msg)) break;
+      check_stamp(msg, i, numel);
+      msg.clear();  // done with it: its lease goes back before the answer, as in a real consumer
+      stamp(own, i);
+      up.send({own}, kTimeout);
+    }
+  });
+  const at::Tensor own = make_tensor(mode, numel, 1);
+  TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
+  std::vector<double> samples;
+  for (int i = 0; loop.next(i); ++i) {
+    const auto n = static_cast<std::uint32_t>(i);
+    stamp(own, n);
+    const auto t0 = SteadyClock::now();
+    down.send({own}, kTimeout);
+    Tensors back = up.recv(kTimeout);
+    check_stamp(back, n, numel);
+    const auto t1 = SteadyClock::now();
+    if (i >= loop.warmup) {
+      samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      ++loop.measured;
+    }
+  }
+  down.send({make_tensor(mode, 1, 0)}, kTimeout);
+  child.wait();
+  return summarize(std::move(samples));
+}
+
+// The parent sends as fast as the queue takes messages; the child reads every page of each. The
+// clock runs from the first timed send until the child reports it has read the last message.
+Throughput ferry_throughput(Mode mode, std::size_t bytes, int messages, double time_cap_s) {
+  const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
+  const int warmup = static_cast<int>(kCapacity) + 2;
+  auto q = ferry::TensorQueue::create({kCapacity});
+  Link link;
+  Child child([&] {
+    link.child_side();
+    float sum = 0;
+    for (int i = 0; i < warmup; ++i) sum += touch_pages(q.recv(kTimeout).at(0));
+    link.send('w');
+    std::uint64_t count = 0;
+    for (;;) {
+      Tensors msg = q.recv(kTimeout);
+      if (is_stop(msg)) break;
+      sum += touch_pages(msg.at(0));
+      ++count;
+    }
+    g_sink = sum;
+    link.send_count(count);
+  });
+  link.parent_side();
+
+  // Zero-copy: a pool of shared tensors, more than can be in flight (the queue's capacity plus
+  // the one the consumer holds), reused as a producer recycling its buffers would. Copy: one
+  // ordinary tensor, copied into shared memory by every send.
+  std::vector<at::Tensor> pool;
+  const std::size_t pool_size = mode == Mode::zero_copy ? kCapacity + 2 : 1;
+  for (std::size_t k = 0; k < pool_size; ++k) {
+    pool.push_back(make_tensor(mode, numel, static_cast<float>(k)));
+  }
+  for (int i = 0; i < warmup; ++i) q.send({pool[i % pool.size()]}, kTimeout);
+  if (link.recv() != 'w') throw std::runtime_error("throughput: bad warm-up signal");
+
+  const auto t0 = SteadyClock::now();
+  std::uint64_t sent = 0;
+  for (int i = 0; i < messages; ++i) {
+    if (sent >= 5 && seconds_since(t0) > time_cap_s) break;
+    q.send({pool[i % pool.size()]}, kTimeout);
+    ++sent;
+  }
+  q.send({make_tensor(mode, 1, 0)}, kTimeout);
+  const std::uint64_t received = link.recv_count();
+  const double elapsed = seconds_since(t0);
+  child.wait();
+  if (received != sent) {
+    throw std::runtime_error("throughput: sent " + std::to_string(sent) + ", received " +
+                             std::to_string(received));
+  }
+  const double n = static_cast<double>(sent);
+  return {n / elapsed, n * static_cast<double>(bytes) / elapsed / 1e9, sent};
+}
+
+// Single core, same process, buffers warm: the copy ferry's copy-on-send path is held against.
+// Median over batches of copies, each batch at least 64 MiB (16 MiB quick) of copying. With
+// `destinations` > 1 the copies rotate through that many destination buffers, as copy-on-send
+// rotates through the arena blocks of the messages in flight: a diagnostic for how much of the
+// one-buffer figure comes from a destination that stays in cache.
+Throughput memcpy_bandwidth(std::size_t bytes, bool quick, std::size_t destinations = 1) {
+  const std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  using Buffer = std::unique_ptr<void, decltype(&std::free)>;
+  auto alloc = [&](int fill) {
+    Buffer b(std::aligned_alloc(kPage, rounded), &std::free);
+    if (!b) throw std::runtime_error("memcpy: out of memory");
+    std::memset(b.get(), fill, bytes);
+    return b;
+  };
+  const Buffer src = alloc(1);
+  std::vector<Buffer> dst;
+  for (std::size_t d = 0; d < destinations; ++d) dst.push_back(alloc(0));
+  const std::size_t reps = std::max<std::size_t>(1, (quick ? 16 : 64) * kMiB / bytes);
+  const int batches = quick ? 5 : 11;
+  std::size_t next = 0;
+  auto batch = [&] {
+    for (std::size_t r = 0; r < reps; ++r) {
+      void* to = dst[next++ % dst.size()].get();
+      std::memcpy(to, src.get(), bytes);
+      // Makes each copy observable, so none is merged or dropped.
+      asm volatile("" : : "r"(to) : "memory");
+    }
+  };
+  batch();  // warm caches and TLBs
+  std::vector<double> rates;
+  for (int b = 0; b < batches; ++b) {
+    const auto t0 = SteadyClock::now();
+    batch();
+    rates.push_back(static_cast<double>(reps) / seconds_since(t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  const double rate = rates[rates.size() / 2];
+  return {rate, rate * static_cast<double>(bytes) / 1e9, reps * static_cast<std::size_t>(batches)};
+}
+
+// send() then recv() in one process: the transport's own CPU cost per message, with no process
+// to wake. A round trip is about two of these plus two wake-ups, which is how docs/benchmarks.md
+// splits a round trip into ferry's work and the scheduler's.
+Latency ferry_in_process(Mode mode, std::size_t bytes, int iterations, double time_cap_s) {
+  const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
+  auto q = ferry::TensorQueue::create({kCapacity});
+  const at::Tensor own = make_tensor(mode, numel, 1);
+  TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
+  std::vector<double> samples;
+  for (int i = 0; loop.next(i); ++i) {
+    const auto n = static_cast<std::uint32_t>(i);
+    stamp(own, n);
+    const auto t0 = SteadyClock::now();
+    q.send({own}, kTimeout);
+    Tensors back = q.recv(kTimeout);
+    check_stamp(back, n, numel);
+    const auto t1 = SteadyClock::now();
+    if (i >= loop.warmup) {
+      samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      ++loop.measured;
+    }
+  }
+  return summarize(std::move(samples));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine, sizes and formatting.
+
+// The value of the first line of `path` that starts with `key`, after `separator` (cpuinfo's
+// "key : value", os-release's KEY="value").
+std::string read_first_match(const char* path, const std::string& key, char separator = ':') {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) != 0) continue;
+    const auto sep = line.find(separator);
+    if (sep == std::string::npos) continue;
+    auto value = line.substr(sep + 1);
+    value.erase(0, value.find_first_not_of(" \t\""));
+    value.erase(value.find_last_not_of(" \t\"") + 1);
+    return value;
+  }
+  return {};
+}
+
+// CPU time of the whole machine (from /proc/stat) and of this process and its reaped children
+// (the forked peers and the Python baseline), so the run can report how busy everything else was.
+struct CpuSample {
+  SteadyClock::time_point when = SteadyClock::now();
+  double busy_s = 0, steal_s = 0, own_s = 0;
+};
+
+CpuSample sample_cpu() {
+  CpuSample c;
+  std::ifstream in("/proc/stat");
+  std::string label;
+  // user nice system idle iowait irq softirq steal (guest time is already inside user)
+  double f[8] = {};
+  in >> label;
+  for (double& v : f) in >> v;
+  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  c.busy_s = (f[0] + f[1] + f[2] + f[5] + f[6]) / hz;
+  c.steal_s = f[7] / hz;
+  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
+    struct rusage ru {};
+    ::getrusage(who, &ru);
+    c.own_s += static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+               static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  }
+  return c;
+}
+
+json activity(const CpuSample& a, const CpuSample& b) {
+  const double wall = std::chrono::duration<double>(b.when - a.when).count();
+  const double own = b.own_s - a.own_s;
+  return {{"wall_s", wall},
+          {"bench_cpu_s", own},
+          {"other_cpu_s", std::max(0.0, (b.busy_s - a.busy_s) - own)},
+          {"steal_s", b.steal_s - a.steal_s}};
+}
+
+json machine_info() {
+  json m;
+  const std::string cpu = read_first_match("/proc/cpuinfo", "model name");
+  m["cpu_model"] = cpu.empty() ? "unknown" : cpu;
+  m["cores"] = ::sysconf(_SC_NPROCESSORS_ONLN);
+  struct utsname u {};
+  if (::uname(&u) == 0) {
+    m["kernel"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  }
+  m["memory_gib"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                    static_cast<double>(::sysconf(_SC_PAGESIZE)) / static_cast<double>(1u << 30);
+  const std::string flags = read_first_match("/proc/cpuinfo", "flags");
+  m["virtual_machine"] = (" " + flags + " ").find(" hypervisor ") != std::string::npos;
+  const std::string os = read_first_match("/etc/os-release", "PRETTY_NAME=", '=');
+  if (!os.empty()) m["os"] = os;
+#ifdef TORCH_VERSION
+  m["libtorch"] = TORCH_VERSION;
+#endif
+  m["gpu"] = "none used (CPU transports only)";
+  return m;
+}
+
+std::optional<std::size_t> parse_size(std::string s) {
+  s.erase(std::remove(s.begin(), s.end(), ' '), s.end());
+  std::size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  if (digits == 0) return std::nullopt;
+  const std::size_t value = std::stoull(s.substr(0, digits));
+  std::string unit = s.substr(digits);
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (unit.empty() || unit == "b") return value;
+  if (unit == "k" || unit == "kib" || unit == "kb") return value * kKiB;
+  if (unit == "m" || unit == "mib" || unit == "mb") return value * kMiB;
+  if (unit == "g" || unit == "gib" || unit == "gb") return value * kMiB * 1024;
+  return std::nullopt;
+}
+
+std::string size_name(std::size_t bytes) {
+  if (bytes >= kMiB && bytes % kMiB == 0) return std::to_string(bytes / kMiB) + " MiB";
+  if (bytes >= kKiB && bytes % kKiB == 0) return std::to_string(bytes / kKiB) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// Three significant digits or so, whatever the magnitude.
+std::string num(double v) {
+  if (v >= 1e6) return fmt("%.2fM", v / 1e6);
+  if (v >= 1e4) return fmt("%.1fk", v / 1e3);
+  if (v >= 100) return fmt("%.0f", v);
+  if (v >= 10) return fmt("%.1f", v);
+  return fmt("%.2f", v);
+}
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+
+json to_json(const Latency& l) {
+  return {{"p50", l.p50}, {"p99", l.p99}, {"n", l.n}};
+}
+json to_json(const Throughput& t) {
+  return {{"messages_per_s", t.messages_per_s}, {"gb_per_s", t.gb_per_s}, {"n", t.n}};
+}
+
+json stats_delta(const ferry::TransportStats& a, const ferry::TransportStats& b) {
+  json reasons = json::object();
+  for (int r = 0; r < static_cast<int>(ferry::CopyReason::count_); ++r) {
+    const auto d = b.copies_by_reason[r] - a.copies_by_reason[r];
+    if (d) reasons[ferry::copy_reason_name(static_cast<ferry::CopyReason>(r))] = d;
+  }
+  return {{"messages_sent", b.messages_sent - a.messages_sent},
+          {"tensors_zero_copy", b.tensors_zero_copy - a.tensors_zero_copy},
+          {"tensors_copied", b.tensors_copied - a.tensors_copied},
+          {"bytes_copied", b.bytes_copied - a.bytes_copied},
+          {"segments_created", b.segments_created - a.segments_created},
+          {"copies_by_reason", reasons}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The torch.multiprocessing baseline, run as a subprocess by the system interpreter.
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string default_peer_script() {
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    std::string path(exe, static_cast<std::size_t>(n));
+    path = path.substr(0, path.rfind('/') + 1) + "torch_peer.py";
+    if (::access(path.c_str(), R_OK) == 0) return path;
+  }
+  return FERRY_BENCH_PEER_SOURCE;
+}
+
+template <typename T>
+std::string join(const std::vector<T>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+// {"status": "ok", ...peer output} or {"status": "skipped"|"failed", "reason": ...}.
+json run_torch_peer(const Config& cfg, const std::vector<Plan>& plans) {
+  if (!cfg.torch) return {{"status", "skipped"}, {"reason", "--no-torch"}};
+  if (::access(cfg.python.c_str(), X_OK) != 0) {
+    return {{"status", "skipped"}, {"reason", cfg.python + " not found"}};
+  }
+  if (::access(cfg.peer_script.c_str(), R_OK) != 0) {
+    return {{"status", "skipped"}, {"reason", cfg.peer_script + " not found"}};
+  }
+  std::vector<int> round_trips, messages;
+  for (const Plan& p : plans) {
+    round_trips.push_back(p.round_trips);
+    messages.push_back(p.messages);
+  }
+  const std::string cmd = shell_quote(cfg.python) + " " + shell_quote(cfg.peer_script) +
+                          " --sizes " + join(cfg.sizes) + " --round-trips " + join(round_trips) +
+                          " --messages " + join(messages) + " --time-cap " +
+                          fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : "");
+  std::fflush(nullptr);
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) {
+    return {{"status", "failed"}, {"reason", std::string("popen: ") + std::strerror(errno)}};
+  }
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  if (status != 0) {
+    const std::string how =
+        WIFEXITED(status)     ? "exited with code " + std::to_string(WEXITSTATUS(status))
+        : WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                              : "failed (status " + std::to_string(status) + ")";
+    return {{"status", "failed"}, {"reason", "torch_peer.py " + how + "; command: " + cmd}};
+  }
+  json peer = json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (peer.is_discarded() || !peer.is_object()) {
+    return {{"status", "failed"}, {"reason", "torch_peer.py printed no JSON object"}};
+  }
+  if (peer.contains("skipped")) return {{"status", "skipped"}, {"reason", peer["skipped"]}};
+  json result = {{"status", "ok"}};
+  result.update(peer);
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+struct Target {
+  std::string name, goal;
+  std::size_t size;
+  std::optional<double> value;  // nullopt: a side of the ratio was not measured
+  bool pass;
+};
+
+std::string cell_latency(const json& entry, const char* transport) {
+  if (!entry.contains(transport)) return "-";
+  const json& l = entry[transport]["round_trip_us"];
+  return num(l["p50"].get<double>()) + " / " + num(l["p99"].get<double>());
+}
+
+std::string cell_throughput(const json& entry, const char* transport) {
+  if (!entry.contains(transport)) return "-";
+  const json& t = entry[transport]["throughput"];
+  return num(t["messages_per_s"].get<double>()) + " (" + num(t["gb_per_s"].get<double>()) + ")";
+}
+
+void print_report(const json& report, const std::vector<Target>& targets) {
+  const json& m = report["machine"];
+  std::printf("\nferry-bench on %s, %d cores, %s%s\n", m["cpu_model"].get<std::string>().c_str(),
+              m["cores"].get<int>(), m["kernel"].get<std::string>().c_str(),
+              m["virtual_machine"].get<bool>() ? " (virtual machine)" : "");
+  const json& a = report["machine_activity"];
+  std::printf(
+      "run: %.0f s wall, %.0f CPU-s by the benchmark, %.1f CPU-s by other processes, "
+      "%.1f s stolen by the hypervisor\n",
+      a["wall_s"].get<double>(), a["bench_cpu_s"].get<double>(), a["other_cpu_s"].get<double>(),
+      a["steal_s"].get<double>());
+  const json& torch = report["torch"];
+  if (torch["status"] != "ok") {
+    std::printf("%s: torch.multiprocessing baseline: %s\n",
+                torch["status"].get<std::string>().c_str(),
+                torch["reason"].get<std::string>().c_str());
+  }
+
+  const char* transports[] = {"ferry_zero_copy", "ferry_copy", "torch_shared", "torch_fresh"};
+  const std::size_t w0 = 8, w = 19;
+  std::printf("\nRound trip, microseconds, p50 / p99\n%s%s", pad("size", w0).c_str(),
+              pad("pipe 1 B", w).c_str());
+  for (const char* t : transports) std::printf("%s", pad(t, w).c_str());
+  std::printf("\n");
+  for (const json& e : report["results"]) {
+    std::printf("%s%s", pad(e["size"].get<std::string>(), w0).c_str(),
+                pad(cell_latency(e, "pipe_1byte"), w).c_str());
+    for (const char* t : transports) std::printf("%s", pad(cell_latency(e, t), w).c_str());
+    std::printf("\n");
+  }
+
+  std::printf("\nOne-way throughput, messages/s (GB/s)\n%s", pad("size", w0).c_str());
+  for (const char* t : transports) std::printf("%s", pad(t, w).c_str());
+  std::printf("memcpy GB/s\n");
+  for (const json& e : report["results"]) {
+    std::printf("%s", pad(e["size"].get<std::string>(), w0).c_str());
+    for (const char* t : transports) std::printf("%s", pad(cell_throughput(e, t), w).c_str());
+    std::printf("%s\n", num(e["memcpy"]["gb_per_s"].get<double>()).c_str());
+  }
+
+  std::printf(
+      "\nDiagnostics: send+recv in one process, microseconds p50 (no wake-up); memcpy "
+      "GB/s into %d rotating destinations\n%s%s%s%s\n",
+      static_cast<int>(kCapacity + 1), pad("size", w0).c_str(), pad("ferry_zero_copy", w).c_str(),
+      pad("ferry_copy", w).c_str(), "memcpy rotating");
+  for (const json& e : report["results"]) {
+    std::printf("%s%s%s%s\n", pad(e["size"].get<std::string>(), w0).c_str(),
+                pad(num(e["ferry_zero_copy"]["in_process_us"]["p50"].get<double>()), w).c_str(),
+                pad(num(e["ferry_copy"]["in_process_us"]["p50"].get<double>()), w).c_str(),
+                num(e["memcpy_rotating"]["gb_per_s"].get<double>()).c_str());
+  }
+
+  std::printf("\nTargets (ratios of p50s)\n%s%s%s%s%s\n", pad("ratio", 46).c_str(),
+              pad("size", w0).c_str(), pad("value", 10).c_str(), pad("goal", 9).c_str(), "result");
+  int pass = 0, miss = 0, skipped = 0;
+  for (const Target& t : targets) {
+    const std::string value = t.value ? num(*t.value) + "x" : "-";
+    const char* result = !t.value ? "skipped" : t.pass ? "PASS" : "MISS";
+    (!t.value ? skipped : t.pass ? pass : miss)++;
+    std::printf("%s%s%s%s%s\n", pad(t.name, 46).c_str(), pad(size_name(t.size), w0).c_str(),
+                pad(value, 10).c_str(), pad(t.goal, 9).c_str(), result);
+  }
+  std::printf("%d PASS, %d MISS, %d skipped\n", pass, miss, skipped);
+}
+
+std::vector<Target> evaluate_targets(const json& results) {
+  std::vector<Target> targets;
+  auto p50 = [](const json& e, const char* t) -> std::optional<double> {
+    if (!e.contains(t)) return std::nullopt;
+    return e[t]["round_trip_us"]["p50"].get<double>();
+  };
+  for (const json& e : results) {
+    const auto size = e["size_bytes"].get<std::size_t>();
+    const auto zc = p50(e, "ferry_zero_copy");
+    const auto pipe = p50(e, "pipe_1byte");
+    const auto torch = p50(e, "torch_shared");
+    std::optional<double> r1, r2;
+    if (zc && pipe) r1 = *zc / *pipe;
+    if (zc && torch) r2 = *torch / *zc;
+    targets.push_back({"ferry zero-copy RTT / pipe RTT", "<= 1.5x", size, r1, r1 && *r1 <= 1.5});
+    targets.push_back(
+        {"torch shared RTT / ferry zero-copy RTT", ">= 50x", size, r2, r2 && *r2 >= 50});
+  }
+  for (const json& e : results) {
+    const auto size = e["size_bytes"].get<std::size_t>();
+    if (size < kMiB) continue;
+    const double r = e["ferry_copy"]["throughput"]["gb_per_s"].get<double>() /
+                     e["memcpy"]["gb_per_s"].get<double>();
+    targets.push_back({"ferry copy GB/s / memcpy GB/s", ">= 0.5x", size, r, r >= 0.5});
+  }
+  return targets;
+}
+
+int run(const Config& cfg) {
+  // One intra-op thread: two processes share a small machine, the numbers should measure the
+  // transport, and the copy is held against single-core memcpy. It also keeps OpenMP's pool from
+  // starting before fork, which a forked child could not use.
+  at::set_num_threads(1);
+
+  std::vector<Plan> plans;
+  for (std::size_t s : cfg.sizes) plans.push_back(plan(s, cfg.iterations, cfg.quick));
+
+  json report;
+  report["tool"] = "ferry-bench";
+  {
+    char when[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    report["date"] = when;
+  }
+  report["machine"] = machine_info();
+  // Other work on the machine shifts every number: the CPU time others used during the run says
+  // whether it was quiet.
+  const CpuSample cpu_start = sample_cpu();
+  report["config"] = {
+      {"quick", cfg.quick},
+      {"iterations", cfg.iterations},
+      {"time_cap_s", cfg.time_cap_s},
+      {"queue_capacity", kCapacity},
+      {"intra_op_threads", 1},
+      {"dtype", "float32"},
+      {"gb", "1e9 bytes"},
+      {"round_trip_consumer", "checks a stamp in the first and last element"},
+      {"throughput_consumer", "reads one float per 4 KiB page"},
+  };
+
+  bool ok = true;
+  json results = json::array();
+  for (std::size_t k = 0; k < cfg.sizes.size(); ++k) {
+    const std::size_t size = cfg.sizes[k];
+    const Plan& p = plans[k];
+    std::fprintf(stderr, "ferry-bench: %s: %d round trips, %d messages\n", size_name(size).c_str(),
+                 p.round_trips, p.messages);
+    json e;
+    e["size_bytes"] = size;
+    e["size"] = size_name(size);
+    e["round_trips_planned"] = p.round_trips;
+    e["messages_planned"] = p.messages;
+    // Each limit is measured at every size right before the transport it is compared with
+    // (pipe before zero-copy round trips, memcpy before copy-on-send throughput), so drift in
+    // the machine over the run does not leak into the ratios.
+    e["pipe_1byte"] = {{"round_trip_us", to_json(pipe_round_trip(p.round_trips, cfg.time_cap_s))}};
+    for (Mode mode : {Mode::zero_copy, Mode::copy}) {
+      const auto before = ferry::transport_stats();
+      json t;
+      t["round_trip_us"] = to_json(ferry_round_trip(mode, size, p.round_trips, cfg.time_cap_s));
+      if (mode == Mode::copy) {
+        e["memcpy"] = to_json(memcpy_bandwidth(size, cfg.quick));
+        e["memcpy_rotating"] = to_json(memcpy_bandwidth(size, cfg.quick, kCapacity + 1));
+        e["memcpy_rotating"]["destinations"] = kCapacity + 1;
+      }
+      t["throughput"] = to_json(ferry_throughput(mode, size, p.messages, cfg.time_cap_s));
+      t["in_process_us"] = to_json(ferry_in_process(mode, size, p.round_trips, cfg.time_cap_s));
+      t["transport_stats"] = stats_delta(before, ferry::transport_stats());
+      // The labels must be true: a "zero-copy" run that copied measures the wrong path.
+      const auto copied = t["transport_stats"]["tensors_copied"].get<std::uint64_t>();
+      const auto shared = t["transport_stats"]["tensors_zero_copy"].get<std::uint64_t>();
+      const bool labelled_right = mode == Mode::zero_copy ? copied == 0 : shared == 0;
+      t["verified"] = labelled_right;
+      if (!labelled_right) {
+        std::fprintf(
+            stderr, "ferry-bench: ERROR: %s at %s sent %llu copied and %llu shared tensors\n",
+            mode_name(mode), size_name(size).c_str(), static_cast<unsigned long long>(copied),
+            static_cast<unsigned long long>(shared));
+        ok = false;
+      }
+      e[mode_name(mode)] = t;
+    }
+    results.push_back(e);
+  }
+
+  std::fprintf(stderr, "ferry-bench: torch.multiprocessing baseline (%s)\n", cfg.python.c_str());
+  json torch = run_torch_peer(cfg, plans);
+  if (torch["status"] == "ok") {
+    for (std::size_t k = 0; k < results.size(); ++k) {
+      const json& peer = torch["results"].at(k);
+      if (peer["size_bytes"].get<std::size_t>() != cfg.sizes[k]) {
+        throw std::runtime_error("torch_peer.py answered for other sizes");
+      }
+      results[k]["torch_shared"] = peer["torch_shared"];
+      results[k]["torch_fresh"] = peer["torch_fresh"];
+    }
+    torch.erase("results");
+  } else {
+    std::fprintf(stderr, "ferry-bench: torch.multiprocessing baseline %s: %s\n",
+                 torch["status"].get<std::string>().c_str(),
+                 torch["reason"].get<std::string>().c_str());
+    if (torch["status"] == "failed") ok = false;
+  }
+  report["torch"] = torch;
+  report["results"] = results;
+
+  const std::vector<Target> targets = evaluate_targets(results);
+  json jt = json::array();
+  for (const Target& t : targets) {
+    jt.push_back({{"ratio", t.name},
+                  {"size_bytes", t.size},
+                  {"value", t.value ? json(*t.value) : json(nullptr)},
+                  {"goal", t.goal},
+                  {"result", !t.value ? "skipped"
+                             : t.pass ? "PASS"
+                                      : "MISS"}});
+  }
+  report["targets"] = jt;
+  report["machine_activity"] = activity(cpu_start, sample_cpu());
+
+  print_report(report, targets);
+  if (!cfg.json_path.empty()) {
+    std::ofstream out(cfg.json_path);
+    out << report.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write " + cfg.json_path);
+    std::printf("\nwrote %s\n", cfg.json_path.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferry-bench: ferry's transports beside a pipe, memcpy and torch.multiprocessing"};
+  Config cfg;
+  std::vector<std::string> sizes = {"4KiB", "64KiB", "1MiB", "16MiB", "64MiB"};
+  int iterations = 0;  // 0: the default for the mode
+  double time_cap = 0;
+  bool no_torch = false;
+  app.add_option("--json", cfg.json_path, "write every number to this JSON file");
+  app.add_option("--sizes", sizes, "message sizes, e.g. 4KiB,1MiB (float32 tensors of that size)")
+      ->delimiter(',');
+  app.add_option("--iterations", iterations,
+                 "round trips at sizes up to 1 MiB, fewer above (default 2000, --quick 200)");
+  app.add_flag("--quick", cfg.quick, "fewer iterations and a shorter time cap (smoke test)");
+  app.add_option("--time-cap", time_cap,
+                 "seconds after which a measurement stops early (default 3, --quick 0.5)");
+  app.add_option("--python", cfg.python,
+                 "interpreter with torch for the torch.multiprocessing "
+                 "baseline (default /usr/bin/python3)");
+  app.add_option("--torch-peer", cfg.peer_script, "path of torch_peer.py");
+  app.add_flag("--no-torch", no_torch, "skip the torch.multiprocessing baseline");
+  CLI11_PARSE(app, argc, argv);
+
+  for (const std::string& s : sizes) {
+    const auto bytes = parse_size(s);
+    if (!bytes || *bytes < 8 || *bytes % sizeof(float) != 0) {
+      std::fprintf(stderr, "ferry-bench: bad size '%s' (a multiple of 4 bytes, at least 8)\n",
+                   s.c_str());
+      return 2;
+    }
+    cfg.sizes.push_back(*bytes);
+  }
+  cfg.iterations = iterations > 0 ? iterations : cfg.quick ? 200 : 2000;
+  cfg.time_cap_s = time_cap > 0 ? time_cap : cfg.quick ? 0.5 : 3.0;
+  cfg.torch = !no_torch;
+  if (cfg.peer_script.empty()) cfg.peer_script = default_peer_script();
+  if (iterations < 0 || time_cap < 0) {
+    std::fprintf(stderr, "ferry-bench: --iterations and --time-cap must be positive\n");
+    return 2;
+  }
+
+  try {
+    return run(cfg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-bench: %s\n", e.what());
+    return 1;
+  }
+}
