@@ -307,6 +307,29 @@ struct TimedLoop {
   }
 };
 
+// Round trips in microseconds, warm-up excluded: stamp `own`, send it on `out`, take the answer
+// from `in` and check its stamp. `in` and `out` are one queue when measuring within a process.
+std::vector<double> time_round_trips(const at::Tensor& own, ferry::TensorQueue& out,
+                                     ferry::TensorQueue& in, std::int64_t numel, int iterations,
+                                     double time_cap_s) {
+  TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
+  std::vector<double> samples;
+  for (int i = 0; loop.next(i); ++i) {
+    const auto n = static_cast<std::uint32_t>(i);
+    stamp(own, n);
+    const auto t0 = SteadyClock::now();
+    out.send({own}, kTimeout);
+    Tensors back = in.recv(kTimeout);
+    check_stamp(back, n, numel);
+    const auto t1 = SteadyClock::now();
+    if (i >= loop.warmup) {
+      samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      ++loop.measured;
+    }
+  }
+  return samples;
+}
+
 Latency pipe_round_trip(int iterations, double time_cap_s) {
   Link link;
   Child child([&] {
@@ -349,21 +372,7 @@ Latency ferry_round_trip(Mode mode, std::size_t bytes, int iterations, double ti
     }
   });
   const at::Tensor own = make_tensor(mode, numel, 1);
-  TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
-  std::vector<double> samples;
-  for (int i = 0; loop.next(i); ++i) {
-    const auto n = static_cast<std::uint32_t>(i);
-    stamp(own, n);
-    const auto t0 = SteadyClock::now();
-    down.send({own}, kTimeout);
-    Tensors back = up.recv(kTimeout);
-    check_stamp(back, n, numel);
-    const auto t1 = SteadyClock::now();
-    if (i >= loop.warmup) {
-      samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      ++loop.measured;
-    }
-  }
+  std::vector<double> samples = time_round_trips(own, down, up, numel, iterations, time_cap_s);
   down.send({make_tensor(mode, 1, 0)}, kTimeout);
   child.wait();
   return summarize(std::move(samples));
@@ -470,22 +479,7 @@ Latency ferry_in_process(Mode mode, std::size_t bytes, int iterations, double ti
   const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
   auto q = ferry::TensorQueue::create({kCapacity});
   const at::Tensor own = make_tensor(mode, numel, 1);
-  TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
-  std::vector<double> samples;
-  for (int i = 0; loop.next(i); ++i) {
-    const auto n = static_cast<std::uint32_t>(i);
-    stamp(own, n);
-    const auto t0 = SteadyClock::now();
-    q.send({own}, kTimeout);
-    Tensors back = q.recv(kTimeout);
-    check_stamp(back, n, numel);
-    const auto t1 = SteadyClock::now();
-    if (i >= loop.warmup) {
-      samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      ++loop.measured;
-    }
-  }
-  return summarize(std::move(samples));
+  return summarize(time_round_trips(own, q, q, numel, iterations, time_cap_s));
 }
 
 // ---------------------------------------------------------------------------------------------
