@@ -5,7 +5,6 @@
 
 #include "ipc/channel.hpp"
 #include "ipc/error.hpp"
-#include "ipc/futex.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
@@ -39,7 +38,8 @@ constexpr pid_t holder_of(std::uint64_t w) {
 struct Ledger::Header {
   std::uint64_t magic;
   std::uint32_t slots;
-  std::atomic<std::uint32_t> releases;  // bumped (and futex-woken) by every release
+  // Bumped by every release: the owner compares it with what it saw to skip a needless scan.
+  std::atomic<std::uint32_t> releases;
 };
 
 namespace {
@@ -221,9 +221,7 @@ void Ledger::release(const Segment& ledger, std::uint32_t slot, std::uint32_t ge
   if (!s) return;
   std::uint64_t expected = word(kHeld, gen, me);
   if (s->compare_exchange_strong(expected, word(kReleased, gen, me), std::memory_order_acq_rel)) {
-    auto* h = reinterpret_cast<Header*>(ledger.data());
-    h->releases.fetch_add(1, std::memory_order_acq_rel);
-    futex_wake_all(&h->releases);
+    reinterpret_cast<Header*>(ledger.data())->releases.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
