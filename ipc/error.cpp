@@ -31,7 +31,9 @@ const char* errc_name(Errc code) noexcept {
 }
 
 Error::Error(Errc code, const std::string& message)
-    : std::runtime_error(std::string("ferry: ") + errc_name(code) + ": " + message), code_(code) {}
+    : std::runtime_error(std::string("ferry: ") + errc_name(code) + ": " + message),
+      code_(code),
+      detail_(message) {}
 
 void throw_errno(Errc code, const std::string& what, int err) {
   throw Error(code, what + ": " + std::strerror(err));

@@ -28,9 +28,12 @@ class Error : public std::runtime_error {
  public:
   Error(Errc code, const std::string& message);
   Errc code() const noexcept { return code_; }
+  // The message without the "ferry: <code>: " prefix that what() carries, for wrapping.
+  const std::string& detail() const noexcept { return detail_; }
 
  private:
   Errc code_;
+  std::string detail_;
 };
 
 // Throws Error(code) whose message is "<what>: <strerror(err)>".

@@ -86,7 +86,7 @@ void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Clai
       c.data = map_peer_segment(r.owner_pid, r.owner_token, r.segment_seq, r.segment_size,
                                 kFetchTimeout);
     } catch (const Error& e) {
-      c.error = e.what();
+      c.error = e.detail();
       c.code = e.code();
     } catch (const std::exception& e) {
       c.error = e.what();
@@ -201,7 +201,7 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
           continue;
         }
       } catch (const Error& e) {
-        c.error = e.what();
+        c.error = e.detail();
         c.code = e.code();
       }
       Ledger::release(*c.ledger, r.lease_slot, r.lease_gen, me);

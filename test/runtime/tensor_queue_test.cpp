@@ -254,6 +254,27 @@ TEST_CASE("lazy conjugate and negative views arrive resolved", "[queue]") {
   REQUIRE(m[1].equal(z.neg()));
 }
 
+TEST_CASE("a message whose sender was killed before it was taken is reported, not jammed",
+          "[queue]") {
+  auto q = TensorQueue::create({4});
+  const pid_t child = ferry::test::fork_child([&] {
+    q.send({ferry::empty_shared({64}, at::kFloat)}, 5s);
+    ::raise(SIGKILL);  // no flush, no exit linger: the memory goes with the process
+  });
+  REQUIRE(ferry::test::wait_child(child) == 128 + SIGKILL);
+  try {
+    q.recv(5s);
+    FAIL("no error");
+  } catch (const Error& e) {
+    REQUIRE(e.code() == Errc::peer_dead);
+    const std::string what = e.what();
+    REQUIRE_THAT(what, Catch::Contains(std::to_string(child) + ") exited"));
+    REQUIRE(what.find("ferry:", 1) == std::string::npos);  // one prefix, not one per layer
+  }
+  q.send({at::ones({2})}, 1s);  // the dead message is gone; the queue works on
+  REQUIRE(q.recv(1s)[0].equal(at::ones({2})));
+}
+
 TEST_CASE("a message of no tensors arrives as an empty list", "[queue]") {
   auto q = TensorQueue::create({2});
   q.send({}, 1s);
