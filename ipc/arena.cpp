@@ -114,6 +114,8 @@ bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
     const std::uint64_t tail = f.offset + range_size - (start + size);
     if (tail > 0) insert_free_locked(f.seq, start + size, tail);
     *out = Block{f.seq, start, size, segments_[f.seq - 1]->data() + start};
+    stats_.bytes_in_use += size;
+    stats_.blocks_in_use += 1;
     return true;
   }
   return false;
@@ -143,11 +145,7 @@ Arena::Block Arena::allocate(std::size_t bytes) {
   Ledger* ledger = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (take_locked(size, align, &b)) {
-      stats_.bytes_in_use += size;
-      stats_.blocks_in_use += 1;
-      return b;
-    }
+    if (take_locked(size, align, &b)) return b;
     ledger = ledger_.get();
   }
   // Before growing, take back what receivers have finished with or lost by dying. This runs
@@ -160,8 +158,6 @@ Arena::Block Arena::allocate(std::size_t bytes) {
       throw Error(Errc::system, "arena: a fresh segment could not hold " + format_bytes(size));
     }
   }
-  stats_.bytes_in_use += size;
-  stats_.blocks_in_use += 1;
   return b;
 }
 

@@ -97,7 +97,6 @@ Ledger::Lease Ledger::acquire(std::shared_ptr<void> keepalive) {
   l.gen = (l.gen + 1) & kGenMask;
   l.keepalive = std::move(keepalive);
   l.channel.reset();
-  l.routed = false;
   where_[slot] = static_cast<std::uint32_t>(outstanding_.size());
   outstanding_.push_back(slot);
   slots()[slot].store(word(kInFlight, l.gen, 0), std::memory_order_release);
@@ -108,9 +107,8 @@ void Ledger::route(const Lease& lease, std::shared_ptr<Channel> channel, std::ui
   std::lock_guard<std::mutex> lock(mu_);
   Local& l = local_[lease.slot];
   if (l.gen != lease.gen || !l.keepalive) return;  // already reclaimed
-  l.channel = std::move(channel);
   l.seq = seq;
-  l.routed = true;
+  l.channel = std::move(channel);
 }
 
 void Ledger::abandon(const Lease& lease) {
@@ -123,7 +121,6 @@ void Ledger::free_locked(std::uint32_t slot) {
   Local& l = local_[slot];
   l.keepalive.reset();  // may return the block to the arena
   l.channel.reset();
-  l.routed = false;
   const std::uint32_t at = where_[slot];
   outstanding_[at] = outstanding_.back();
   where_[outstanding_[at]] = at;
@@ -156,11 +153,11 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
         break;
       case kInFlight:
         // Consumed yet never claimed: the message was discarded, nobody will claim it.
-        end = l.routed && l.channel->consumed(l.seq);
+        end = l.channel && l.channel->consumed(l.seq);
         break;
       case kHeld:
         // Only once the message has left the queue: before that, the next consumer re-claims it.
-        if (check_dead && l.routed && l.channel->consumed(l.seq)) {
+        if (check_dead && l.channel && l.channel->consumed(l.seq)) {
           const pid_t holder = holder_of(w);
           auto it = alive.find(holder);
           if (it == alive.end()) it = alive.emplace(holder, process_alive(holder)).first;

@@ -65,10 +65,9 @@ class Ledger {
   struct Header;
   struct Local {
     std::shared_ptr<void> keepalive;
-    std::shared_ptr<Channel> channel;
+    std::shared_ptr<Channel> channel;  // null until route(): not yet known to be in a queue
     std::uint64_t seq = 0;
     std::uint32_t gen = 0;
-    bool routed = false;
   };
   explicit Ledger(std::shared_ptr<Segment> segment);
   Header* header() const noexcept;

@@ -64,9 +64,4 @@ std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_t
   return g_cache->emplace(key, Entry{owner_pid, segment}).first->second.segment;
 }
 
-void forget_dead_peers() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  prune_locked();
-}
-
 }  // namespace ferry

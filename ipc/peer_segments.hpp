@@ -20,7 +20,4 @@ std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_t
                                           std::uint32_t seq, std::size_t expected_size,
                                           std::chrono::milliseconds timeout);
 
-// Drops cached mappings whose owner has exited (tensors still using them keep them alive).
-void forget_dead_peers();
-
 }  // namespace ferry
