@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -96,7 +97,8 @@ void serve_one(int conn) {
   ::sendmsg(conn, &msg, MSG_NOSIGNAL);
 }
 
-void serve_forever(int listen_fd) {
+void serve_forever(int listen_fd, std::shared_ptr<std::promise<void>> started) {
+  started->set_value();
   for (;;) {
     int conn = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
@@ -129,7 +131,13 @@ Server& local_server() {
     throw_errno(Errc::system, "segment server: bind/listen", err);
   }
   s->listen_fd = fd;
-  std::thread(serve_forever, fd).detach();
+  // Wait until the thread runs: a fork while it is still starting (inside the allocator, with
+  // sanitizer runtimes that do not guard it across fork) would leave the child a lock held
+  // forever, and users often fork right after their first shared tensor.
+  auto started = std::make_shared<std::promise<void>>();
+  std::future<void> running = started->get_future();
+  std::thread(serve_forever, fd, std::move(started)).detach();
+  running.wait();
   g_server = s;
   log().debug("segment server listening for pid {}", s->pid);
   return *s;
