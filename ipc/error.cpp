@@ -26,6 +26,12 @@ const char* errc_name(Errc code) noexcept {
       return "fd_transfer";
     case Errc::system:
       return "system";
+    case Errc::task_failed:
+      return "task_failed";
+    case Errc::worker_lost:
+      return "worker_lost";
+    case Errc::handshake:
+      return "handshake";
   }
   return "unknown";
 }

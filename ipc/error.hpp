@@ -19,6 +19,9 @@ enum class Errc : std::uint8_t {
   ledger_full,       // every lease slot is taken by tensors receivers still hold
   fd_transfer,       // a segment fd could not be fetched from its owner
   system,            // an unexpected system-call failure; the message names the call
+  task_failed,       // a task threw in its worker (ferry::TaskError carries where)
+  worker_lost,       // a worker died or timed out with the task, and retries ran out
+  handshake,         // a worker and its supervisor could not agree to start (version, device)
 };
 
 // Short stable name of a code, e.g. "shm_exhausted", for logs and JSON.

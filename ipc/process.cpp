@@ -4,12 +4,17 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
+
+#include "ipc/error.hpp"
 
 namespace ferry {
 namespace {
@@ -67,6 +72,29 @@ bool process_alive(pid_t pid) noexcept {
   if (!paren || paren[1] != ' ') return true;
   char state = paren[2];
   return state != 'Z' && state != 'X';
+}
+
+UniqueFd open_pidfd(pid_t pid) {
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) {
+    throw_errno(Errc::system,
+                "pidfd_open(" + std::to_string(pid) + ") (ferry needs Linux 5.3 or newer)", errno);
+  }
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  return UniqueFd(static_cast<int>(fd));
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = ::sigabbrev_np(sig);
+    std::string s =
+        "killed by " + (abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig));
+    if (WCOREDUMP(status)) s += " (core dumped)";
+    return s;
+  }
+  return "ended with wait status " + std::to_string(status);
 }
 
 }  // namespace ferry

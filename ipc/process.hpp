@@ -4,6 +4,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <string>
+
+#include "ipc/fd.hpp"
 
 namespace ferry {
 
@@ -17,5 +20,13 @@ pid_t current_pid() noexcept;
 // A random 64-bit token chosen once per process (and again in a forked child): with the pid it
 // names a process unambiguously in records, sockets and caches.
 std::uint64_t process_token() noexcept;
+
+// A pidfd for child `pid` (readable once it exits), so a supervisor notices a death at once
+// with poll() instead of a heartbeat. Throws Error(system) where the kernel lacks pidfd_open.
+UniqueFd open_pidfd(pid_t pid);
+
+// A wait status in words: "exited with code 3", "killed by SIGKILL", "killed by SIGSEGV
+// (core dumped)".
+std::string describe_wait_status(int status);
 
 }  // namespace ferry
