@@ -3,5 +3,6 @@
 
 #include "ipc/error.hpp"              // ferry::Error, ferry::Errc
 #include "ipc/stats.hpp"              // ferry::transport_stats()
+#include "runtime/pool.hpp"           // ferry::Pool, ferry::TaskError
 #include "runtime/shared_tensor.hpp"  // ferry::empty_shared(), ferry::arena_stats()
 #include "runtime/tensor_queue.hpp"   // ferry::TensorQueue

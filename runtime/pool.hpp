@@ -1,0 +1,149 @@
+// ferry::Pool: worker processes on a device list, fed tasks by name, results back in order.
+//
+//   ferry::PoolOptions o;
+//   o.devices = {"cpu", "cpu"};
+//   ferry::Pool pool(o);
+//   std::vector<ferry::Tensors> out = pool.map("square", inputs);   // in input order
+//   std::future<ferry::Tensors> f = pool.submit("mlp", {x});
+//
+// Workers are started by fork or spawn (see worker_launch.hpp) and run the tasks registered
+// with FERRY_TASK in the worker program (workers/task_registry.hpp). Inputs travel zero-copy
+// when they live in shared memory (ferry::empty_shared), else they are copied once. A worker
+// that dies is noticed at once (pidfd), restarted, and its unfinished tasks are retried on
+// another worker up to max_retries times; every submitted task ends exactly once, with its
+// result or an error. Work in flight is bounded, so a fast producer blocks instead of piling
+// up memory. The destructor closes the pool; no worker outlives its supervisor.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ipc/channel.hpp"  // kForever
+#include "runtime/task_error.hpp"
+#include "runtime/tensor_queue.hpp"  // Tensors
+#include "runtime/worker_launch.hpp"
+
+namespace ferry {
+
+// What close() does with tasks not yet finished.
+enum class Shutdown {
+  Drain,   // finish every submitted task (up to drain_timeout), then stop the workers
+  Cancel,  // fail tasks not yet finished with Error(closed), then stop the workers
+};
+
+struct PoolOptions {
+  // One worker per entry: "cpu", "cuda", "cuda:N". Empty: `workers` CPU workers.
+  std::vector<std::string> devices;
+  int workers = 0;  // CPU workers when `devices` is empty; 0: one per core
+  Start start = Start::Auto;
+  int max_inflight_per_worker = 3;  // tasks handed to one worker before submit() blocks
+  int max_retries = 2;              // times a task lost with its worker is tried again
+  // A task that runs longer kills its worker (handled like a crash). 0: no limit. Measured from
+  // when the worker could start it (its earlier tasks done), not from submit().
+  std::chrono::milliseconds task_timeout{0};
+  std::chrono::milliseconds start_timeout{30000};  // a worker's start-up and handshake
+  std::chrono::milliseconds stop_timeout{5000};    // workers' exit after close, then SIGKILL
+  std::chrono::milliseconds drain_timeout{std::chrono::minutes(10)};  // Drain's wait, then Cancel
+  Shutdown shutdown = Shutdown::Drain;                                // the destructor's policy
+  int threads_per_worker = 0;     // intra-op threads in each worker; 0: cores / workers, >= 1
+  std::string worker_executable;  // for spawn; empty: find_worker_executable("")
+  // Handed to every task as TaskContext::config (e.g. "model" for the torchscript task).
+  std::map<std::string, std::string> config;
+  // Tasks the workers must have; start-up fails otherwise. Unknown names fail at submit().
+  std::vector<std::string> require_tasks;
+};
+
+struct WorkerStats {
+  int id = 0;
+  std::string device;
+  pid_t pid = -1;                  // current process, -1 while restarting
+  std::string start;               // "fork" or "spawn"
+  std::uint64_t tasks_done = 0;    // results delivered
+  std::uint64_t tasks_failed = 0;  // tasks that threw here
+  std::uint64_t tasks_lost = 0;    // in flight when it died (retried or failed)
+  std::uint64_t restarts = 0;
+  std::uint64_t timeouts = 0;  // kills for a task past task_timeout
+  std::string last_exit;       // how its last process ended, "" if none has
+  // Results sent back by this worker's processes (all of them, across restarts).
+  std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
+  std::uint64_t tensors_copied = 0, bytes_copied = 0;
+};
+
+struct PoolStats {
+  std::vector<WorkerStats> workers;
+  std::uint64_t submitted = 0, completed = 0, failed = 0, retried = 0;
+};
+
+class Pool {
+ public:
+  // Starts every worker and waits for its handshake. Throws Error: invalid_argument (bad
+  // option, fork after CUDA init, no worker executable), handshake (a worker refused or died).
+  explicit Pool(PoolOptions options);
+  Pool() : Pool(PoolOptions{}) {}
+  ~Pool();  // close() with options.shutdown
+
+  // Runs `task` on `inputs` in some worker. Blocks while the pool is full (back-pressure), up to
+  // `timeout` (then Error(timeout)). Throws Error(invalid_argument) for an unknown task or more
+  // than 64 tensors, Error(closed) once closing. The future yields the task's outputs or throws
+  // TaskError.
+  std::future<Tensors> submit(const std::string& task, Tensors inputs,
+                              std::chrono::milliseconds timeout = kForever);
+
+  // Runs `task` on every input and returns the outputs in input order. Every task ends before it
+  // returns; then the first failure (in input order) is thrown as TaskError.
+  std::vector<Tensors> map(const std::string& task, const std::vector<Tensors>& inputs);
+
+  // One finished task of imap_unordered().
+  struct Result {
+    std::size_t index = 0;  // position in the inputs
+    Tensors outputs;        // empty when `error` is set
+    std::exception_ptr error;
+    std::chrono::nanoseconds latency{0};  // from hand-over to the pool until the result came
+    int worker = -1;
+    Tensors get() const;  // the outputs, or rethrows the error
+  };
+  class Results {
+   public:
+    // The next finished task, whichever it is; nullopt once all have been returned. Submits
+    // more inputs as room frees up, so at most the pool's capacity is in flight or buffered.
+    std::optional<Result> next();
+    struct State;
+    explicit Results(std::shared_ptr<State> s) : s_(std::move(s)) {}
+
+   private:
+    std::shared_ptr<State> s_;
+  };
+  // Streams `task` over `inputs`, results in completion order.
+  Results imap_unordered(const std::string& task, std::vector<Tensors> inputs);
+
+  // Stops taking work, finishes or cancels what is left (per `how`), stops the workers (stop
+  // token, then SIGKILL after stop_timeout) and reaps them. Idempotent.
+  void close();
+  void close(Shutdown how);
+
+  std::vector<std::string> tasks() const;  // what the workers can run
+  std::size_t size() const noexcept;       // workers
+  std::size_t capacity() const noexcept;   // tasks in flight at most
+  std::vector<pid_t> worker_pids() const;  // current processes (-1 while restarting)
+  PoolStats stats() const;
+
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,154 @@
+#include "runtime/worker_protocol.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+#include "ipc/error.hpp"
+#include "runtime/shared_tensor.hpp"
+
+namespace ferry::protocol {
+namespace {
+
+using nlohmann::json;
+
+// Envelope words: [magic, kind, ...]. The magic catches a message that was never an envelope.
+constexpr std::int64_t kEnvelopeMagic = 0x46525259454e56;  // "FRRYENV"
+constexpr std::int64_t kTaskKind = 1;
+constexpr std::int64_t kResultKind = 2;
+constexpr std::int64_t kTaskWords = 5;
+constexpr std::int64_t kResultWords = 9;
+
+template <typename T>
+T parse(const std::string& bytes, const char* what, T (*from)(const json&)) {
+  try {
+    return from(json::parse(bytes));
+  } catch (const json::exception& e) {
+    throw Error(Errc::handshake, std::string("malformed ") + what + " on the control socket (" +
+                                     e.what() + "); supervisor and worker must be the same ferry");
+  }
+}
+
+Hello hello_from(const json& j) {
+  Hello h;
+  h.version = j.at("version").get<int>();
+  h.supervisor_pid = j.at("supervisor_pid").get<pid_t>();
+  h.worker_id = j.at("worker_id").get<int>();
+  h.device = j.at("device").get<std::string>();
+  h.threads = j.at("threads").get<int>();
+  h.config = j.at("config").get<std::map<std::string, std::string>>();
+  return h;
+}
+
+Welcome welcome_from(const json& j) {
+  Welcome w;
+  w.version = j.at("version").get<int>();
+  w.pid = j.at("pid").get<pid_t>();
+  w.device = j.at("device").get<std::string>();
+  w.tasks = j.at("tasks").get<std::vector<std::string>>();
+  w.error = j.at("error").get<std::string>();
+  return w;
+}
+
+const std::int64_t* words(const at::Tensor& t, std::int64_t kind, std::int64_t count) {
+  if (!t.defined() || t.scalar_type() != at::kLong || t.dim() != 1 || t.numel() != count ||
+      !t.is_contiguous() || !t.device().is_cpu()) {
+    throw Error(Errc::bad_record, "a message's first tensor is not a ferry envelope");
+  }
+  const std::int64_t* w = t.data_ptr<std::int64_t>();
+  if (w[0] != kEnvelopeMagic || w[1] != kind) {
+    throw Error(Errc::bad_record, "a message's envelope has the wrong magic or kind");
+  }
+  return w;
+}
+
+}  // namespace
+
+std::string encode(const Hello& h) {
+  return json{{"version", h.version},     {"supervisor_pid", h.supervisor_pid},
+              {"worker_id", h.worker_id}, {"device", h.device},
+              {"threads", h.threads},     {"config", h.config}}
+      .dump();
+}
+
+std::string encode(const Welcome& w) {
+  return json{{"version", w.version},
+              {"pid", w.pid},
+              {"device", w.device},
+              {"tasks", w.tasks},
+              {"error", w.error}}
+      .dump();
+}
+
+Hello decode_hello(const std::string& bytes) {
+  return parse<Hello>(bytes, "hello", hello_from);
+}
+
+Welcome decode_welcome(const std::string& bytes) {
+  return parse<Welcome>(bytes, "welcome", welcome_from);
+}
+
+// Envelopes live in the arena, so they travel zero-copy like the payload and do not show up
+// as copies in the statistics.
+at::Tensor pack(const TaskEnvelope& e) {
+  at::Tensor t = empty_shared({kTaskWords}, at::kLong);
+  std::int64_t* w = t.data_ptr<std::int64_t>();
+  w[0] = kEnvelopeMagic;
+  w[1] = kTaskKind;
+  w[2] = static_cast<std::int64_t>(e.task_id);
+  w[3] = e.attempt;
+  w[4] = e.task_index;
+  return t;
+}
+
+at::Tensor pack(const ResultEnvelope& e) {
+  at::Tensor t = empty_shared({kResultWords}, at::kLong);
+  std::int64_t* w = t.data_ptr<std::int64_t>();
+  w[0] = kEnvelopeMagic;
+  w[1] = kResultKind;
+  w[2] = static_cast<std::int64_t>(e.task_id);
+  w[3] = static_cast<std::int64_t>(e.attempt) | (e.ok ? std::int64_t{1} << 32 : 0);
+  w[4] = static_cast<std::int64_t>(e.tensors_zero_copy);
+  w[5] = static_cast<std::int64_t>(e.bytes_zero_copy);
+  w[6] = static_cast<std::int64_t>(e.tensors_copied);
+  w[7] = static_cast<std::int64_t>(e.bytes_copied);
+  w[8] = 0;
+  return t;
+}
+
+TaskEnvelope unpack_task(const at::Tensor& t) {
+  const std::int64_t* w = words(t, kTaskKind, kTaskWords);
+  TaskEnvelope e;
+  e.task_id = static_cast<std::uint64_t>(w[2]);
+  e.attempt = static_cast<std::uint32_t>(w[3]);
+  e.task_index = static_cast<std::uint32_t>(w[4]);
+  return e;
+}
+
+ResultEnvelope unpack_result(const at::Tensor& t) {
+  const std::int64_t* w = words(t, kResultKind, kResultWords);
+  ResultEnvelope e;
+  e.task_id = static_cast<std::uint64_t>(w[2]);
+  e.attempt = static_cast<std::uint32_t>(w[3] & 0xffffffff);
+  e.ok = (w[3] >> 32) & 1;
+  e.tensors_zero_copy = static_cast<std::uint64_t>(w[4]);
+  e.bytes_zero_copy = static_cast<std::uint64_t>(w[5]);
+  e.tensors_copied = static_cast<std::uint64_t>(w[6]);
+  e.bytes_copied = static_cast<std::uint64_t>(w[7]);
+  return e;
+}
+
+at::Tensor text_tensor(const std::string& text) {
+  at::Tensor t = empty_shared({static_cast<std::int64_t>(text.size())}, at::kByte);
+  if (!text.empty()) std::memcpy(t.data_ptr(), text.data(), text.size());
+  return t;
+}
+
+std::string tensor_text(const at::Tensor& t) {
+  if (!t.defined() || t.scalar_type() != at::kByte || t.dim() != 1 || !t.is_contiguous()) {
+    throw Error(Errc::bad_record, "an error message tensor is not a 1-d uint8 tensor");
+  }
+  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.numel()));
+}
+
+}  // namespace ferry::protocol

@@ -1,0 +1,78 @@
+// What a supervisor and its workers say to each other (internal to ferry).
+//
+// Start-up is a handshake on the control socket: the supervisor sends a Hello (JSON) with the
+// fds of the worker's two queues; the worker checks it and answers a Welcome listing its tasks,
+// or an error. After that everything moves through the queues as ordinary tensor messages whose
+// first tensor is a small int64 envelope (which task, which attempt, and on the way back, how it
+// went), so tasks and their tensors share one zero-copy path and one crash-safe ring.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ipc/stats.hpp"
+
+namespace ferry::protocol {
+
+// Bumped whenever any message below changes shape or meaning.
+inline constexpr int kVersion = 1;
+// Tensors one task may take or return (the queues are sized so in-flight work always fits).
+inline constexpr std::size_t kMaxTensorsPerTask = 64;
+
+struct Hello {
+  int version = kVersion;
+  pid_t supervisor_pid = 0;
+  int worker_id = 0;
+  std::string device;  // "cpu", "cuda:1"
+  int threads = 1;     // intra-op threads the worker should use
+  std::map<std::string, std::string> config;
+};
+
+struct Welcome {
+  int version = kVersion;
+  pid_t pid = 0;
+  std::string device;
+  std::vector<std::string> tasks;
+  std::string error;  // non-empty: the worker refuses to start, and says why
+};
+
+std::string encode(const Hello& h);
+std::string encode(const Welcome& w);
+// Throw Error(handshake) on a message that is not valid JSON of the right shape.
+Hello decode_hello(const std::string& bytes);
+Welcome decode_welcome(const std::string& bytes);
+
+// First tensor of a message on a worker's task queue.
+struct TaskEnvelope {
+  std::uint64_t task_id = 0;
+  std::uint32_t attempt = 0;
+  std::uint32_t task_index = 0;  // position in the Welcome's task list
+};
+
+// First tensor of a message on a worker's result queue. On failure the second tensor holds the
+// task's error message (see text_tensor()). The worker's transport counters ride along so the
+// supervisor can report per-worker zero-copy and copied bytes without another channel.
+struct ResultEnvelope {
+  std::uint64_t task_id = 0;
+  std::uint32_t attempt = 0;
+  bool ok = true;
+  std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
+  std::uint64_t tensors_copied = 0, bytes_copied = 0;
+};
+
+at::Tensor pack(const TaskEnvelope& e);
+at::Tensor pack(const ResultEnvelope& e);
+// Throw Error(bad_record) when the tensor is not an envelope of that kind.
+TaskEnvelope unpack_task(const at::Tensor& t);
+ResultEnvelope unpack_result(const at::Tensor& t);
+
+// A message as a uint8 tensor, and back.
+at::Tensor text_tensor(const std::string& text);
+std::string tensor_text(const at::Tensor& t);
+
+}  // namespace ferry::protocol
