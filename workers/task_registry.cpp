@@ -1,0 +1,70 @@
+#include "workers/task_registry.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "ipc/error.hpp"
+
+namespace ferry {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, TaskFn> tasks;
+};
+
+// Built on first use: registrations run during static initialisation, in any order.
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+}  // namespace
+
+std::string TaskContext::config_value(const std::string& key, const std::string& fallback) const {
+  if (!config) return fallback;
+  const auto it = config->find(key);
+  return it == config->end() ? fallback : it->second;
+}
+
+void register_task(const std::string& name, TaskFn fn) {
+  if (name.empty() || !fn) {
+    throw Error(Errc::invalid_argument, "a task needs a name and a function");
+  }
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.tasks.emplace(name, std::move(fn)).second) {
+    throw Error(Errc::invalid_argument,
+                "task '" + name + "' is registered twice; task names must be unique");
+  }
+}
+
+const TaskFn* find_task(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const auto it = r.tasks.find(name);
+  return it == r.tasks.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> task_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, fn] : r.tasks) names.push_back(name);
+  return names;
+}
+
+namespace detail {
+bool register_at_load(const char* name, TaskFn fn) noexcept {
+  try {
+    register_task(name, std::move(fn));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::abort();
+  }
+  return true;
+}
+}  // namespace detail
+
+}  // namespace ferry

@@ -1,0 +1,60 @@
+// Tasks a worker can run, registered by name at load time:
+//
+//   FERRY_TASK("double", [](ferry::TaskContext& ctx, ferry::Tensors in) {
+//     return ferry::Tensors{in.at(0).to(ctx.device) * 2};
+//   });
+//
+// Link such files into a worker program (see docs/embedding.md): every program that links
+// ferry::worker has the built-in tasks too. A task gets the tensors of one submission and
+// returns the tensors of its result; an exception it throws comes back to the caller as a
+// ferry::TaskError with its message, and the worker carries on.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor_queue.hpp"  // Tensors
+
+namespace ferry {
+
+struct TaskContext {
+  int worker_id = 0;                                           // the pool's slot number
+  at::Device device = at::kCPU;                                // where this worker computes
+  std::string task;                                            // the name the task was called by
+  const std::map<std::string, std::string>* config = nullptr;  // PoolOptions::config
+  spdlog::logger* logger = nullptr;                            // ferry's logger (FERRY_LOG)
+
+  // config[key], or `fallback` when it is not set.
+  std::string config_value(const std::string& key, const std::string& fallback = "") const;
+  spdlog::logger& log() const { return *logger; }
+};
+
+using TaskFn = std::function<Tensors(TaskContext&, Tensors)>;
+
+// Adds a task. Throws Error(invalid_argument) if the name is empty or already taken.
+void register_task(const std::string& name, TaskFn fn);
+// The task called `name`, or null.
+const TaskFn* find_task(const std::string& name);
+// Every registered name, sorted (the order the handshake reports them in).
+std::vector<std::string> task_names();
+
+namespace detail {
+// FERRY_TASK's registration: a clash at load time is a programming error, reported on stderr
+// before the program aborts.
+bool register_at_load(const char* name, TaskFn fn) noexcept;
+}  // namespace detail
+
+}  // namespace ferry
+
+#define FERRY_TASK_CONCAT2(a, b) a##b
+#define FERRY_TASK_CONCAT(a, b) FERRY_TASK_CONCAT2(a, b)
+// Registers `fn` (callable as Tensors(TaskContext&, Tensors)) under `name` when the program or
+// library that holds this line is loaded.
+#define FERRY_TASK(name, fn)                                                    \
+  [[maybe_unused]] static const bool FERRY_TASK_CONCAT(ferry_task_, __LINE__) = \
+      ::ferry::detail::register_at_load(name, fn)

@@ -1,0 +1,244 @@
+#include "workers/worker_loop.hpp"
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "ipc/control_socket.hpp"
+#include "ipc/cuda/fork_safety.hpp"
+#include "ipc/log.hpp"
+#include "runtime/shared_tensor.hpp"
+#include "runtime/worker_launch.hpp"
+#include "runtime/worker_protocol.hpp"
+#include "workers/task_registry.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr auto kHelloTimeout = std::chrono::seconds(30);
+constexpr auto kPoll = std::chrono::milliseconds(200);  // how often an idle worker checks its
+                                                        // supervisor is still there
+
+// The protocol version this worker speaks; FERRY_TEST_WORKER_PROTOCOL pretends another, so the
+// mismatch path can be tested (a hook for the state only: the check itself is the real one).
+int my_protocol_version() {
+  const char* v = std::getenv("FERRY_TEST_WORKER_PROTOCOL");
+  return v && *v ? std::atoi(v) : protocol::kVersion;
+}
+
+// Why this worker cannot compute on `device`, or "" when it can.
+std::string device_problem(const std::string& device) {
+  if (device == "cpu") return "";
+  if (device.rfind("cuda:", 0) != 0) return "unknown device '" + device + "'";
+  if (cuda::forked_after_init()) {
+    return "this worker was forked after CUDA was initialised in its parent, so it cannot use "
+           "CUDA; start the pool with spawn";
+  }
+  if (!torch::cuda::is_available()) {
+    return "device " + device +
+           " asked for, but this worker's LibTorch has no CUDA or sees no GPU (build against a "
+           "CUDA LibTorch, check CUDA_VISIBLE_DEVICES and the driver)";
+  }
+  const long index = std::strtol(device.c_str() + 5, nullptr, 10);
+  const auto count = static_cast<long>(torch::cuda::device_count());
+  if (index >= count) {
+    return "device " + device + " does not exist: " + std::to_string(count) +
+           " CUDA device(s) visible";
+  }
+  return "";
+}
+
+struct Tally {
+  std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0, tensors_copied = 0, bytes_copied = 0;
+};
+
+// Runs one task message and sends its result or its error back.
+void handle(const Tensors& message, const protocol::Hello& hello,
+            const std::vector<std::string>& names, TensorQueue& results, Tally& tally) {
+  const protocol::TaskEnvelope env = protocol::unpack_task(message.at(0));
+  protocol::ResultEnvelope reply;
+  reply.task_id = env.task_id;
+  reply.attempt = env.attempt;
+  Tensors out;
+  std::string error;
+  try {
+    if (env.task_index >= names.size()) {
+      throw std::invalid_argument("task number " + std::to_string(env.task_index) +
+                                  " is not one of this worker's");
+    }
+    TaskContext ctx;
+    ctx.worker_id = hello.worker_id;
+    ctx.device = at::Device(hello.device);
+    ctx.task = names[env.task_index];
+    ctx.config = &hello.config;
+    ctx.logger = &log();
+    out = (*find_task(ctx.task))(ctx, Tensors(message.begin() + 1, message.end()));
+    if (out.size() > protocol::kMaxTensorsPerTask) {
+      throw std::length_error("returned " + std::to_string(out.size()) +
+                              " tensors; a task returns at most " +
+                              std::to_string(protocol::kMaxTensorsPerTask));
+    }
+    for (auto& t : out) {
+      if (!t.defined()) throw std::invalid_argument("returned an undefined tensor");
+      // Until CUDA IPC lands, device results travel through the CPU transport.
+      if (!t.device().is_cpu()) t = t.cpu();
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "threw something that is not a std::exception";
+  }
+  Tensors reply_message;
+  if (error.empty()) {
+    for (const auto& t : out) {
+      const auto bytes = static_cast<std::uint64_t>(t.nbytes());
+      if (is_shared(t)) {
+        ++tally.tensors_zero_copy;
+        tally.bytes_zero_copy += bytes;
+      } else {
+        ++tally.tensors_copied;
+        tally.bytes_copied += bytes;
+      }
+    }
+  } else {
+    reply.ok = false;
+  }
+  reply.tensors_zero_copy = tally.tensors_zero_copy;
+  reply.bytes_zero_copy = tally.bytes_zero_copy;
+  reply.tensors_copied = tally.tensors_copied;
+  reply.bytes_copied = tally.bytes_copied;
+  reply_message.push_back(protocol::pack(reply));
+  if (error.empty()) {
+    reply_message.insert(reply_message.end(), out.begin(), out.end());
+  } else {
+    reply_message.push_back(protocol::text_tensor(error));
+  }
+  results.send(reply_message);  // ends with peer_dead if the supervisor dies meanwhile
+}
+
+int refuse(int control, protocol::Welcome& welcome, const std::string& why) {
+  std::fprintf(stderr, "ferry-worker %d: refusing to start: %s\n", static_cast<int>(::getpid()),
+               why.c_str());
+  welcome.error = why;
+  try {
+    send_control(control, protocol::encode(welcome));
+  } catch (const Error&) {
+  }
+  return kWorkerRefused;
+}
+
+int serve_tasks(int control) {
+  ControlMessage m = recv_control(control, kHelloTimeout);
+  const protocol::Hello hello = protocol::decode_hello(m.bytes);
+  protocol::Welcome welcome;
+  welcome.version = my_protocol_version();
+  welcome.pid = ::getpid();
+  welcome.device = hello.device;
+  welcome.tasks = task_names();
+  if (hello.version != welcome.version) {
+    return refuse(control, welcome,
+                  "the supervisor speaks protocol version " + std::to_string(hello.version) +
+                      ", this worker version " + std::to_string(welcome.version) +
+                      "; build the worker against the supervisor's libferry");
+  }
+  if (::getppid() != hello.supervisor_pid) {
+    return kWorkerSupervisorGone;  // it died before PR_SET_PDEATHSIG took hold
+  }
+  if (m.fds.size() != 2) {
+    return refuse(control, welcome,
+                  "the hello carried " + std::to_string(m.fds.size()) + " fds, not 2");
+  }
+  if (const std::string p = device_problem(hello.device); !p.empty()) {
+    return refuse(control, welcome, p);
+  }
+  at::set_num_threads(std::max(1, hello.threads));
+  TensorQueue tasks = TensorQueue::attach(m.fds[0].get());
+  TensorQueue results = TensorQueue::attach(m.fds[1].get());
+  m.fds.clear();
+  send_control(control, protocol::encode(welcome));
+  log().debug("worker {} (pid {}) serving on {}", hello.worker_id, ::getpid(), hello.device);
+
+  Tally tally;
+  for (;;) {
+    std::optional<Tensors> message;
+    try {
+      message = tasks.try_recv(kPoll);
+    } catch (const Error& e) {
+      if (e.code() == Errc::closed || e.code() == Errc::peer_dead) break;
+      throw;
+    }
+    if (!message) {
+      if (::getppid() != hello.supervisor_pid) return kWorkerSupervisorGone;
+      continue;
+    }
+    try {
+      handle(*message, hello, welcome.tasks, results, tally);
+    } catch (const Error& e) {
+      if (e.code() == Errc::peer_dead || e.code() == Errc::closed) return kWorkerSupervisorGone;
+      throw;
+    }
+  }
+  // Results not yet taken live in this process's memory: stay until the supervisor has them.
+  flush(std::chrono::seconds(5));
+  return kWorkerStopped;
+}
+
+// Registers the in-process entry (for fork) and this library's place (for finding the
+// ferry-worker executable beside it) as soon as libferry_worker is loaded.
+[[maybe_unused]] const bool g_registered = [] {
+  Dl_info info{};
+  std::string dir;
+  if (::dladdr(reinterpret_cast<void*>(&run_worker), &info) && info.dli_fname) {
+    dir = info.dli_fname;
+    const auto slash = dir.rfind('/');
+    dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  }
+  detail::register_worker_library(&run_worker, dir);
+  return true;
+}();
+
+}  // namespace
+
+int run_worker(int control_fd) {
+  // Ctrl-C reaches the whole process group; stopping workers is the supervisor's decision.
+  ::signal(SIGINT, SIG_IGN);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  try {
+    const int code = serve_tasks(control_fd);
+    ::close(control_fd);
+    return code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-worker %d: %s\n", static_cast<int>(::getpid()), e.what());
+    return e.what() && std::strstr(e.what(), "peer_dead") ? kWorkerSupervisorGone : kWorkerFailed;
+  }
+}
+
+int worker_main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--list-tasks") == 0) {
+    for (const auto& name : task_names()) std::printf("%s\n", name.c_str());
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "--ferry-control-fd") == 0) {
+    char* end = nullptr;
+    const long fd = std::strtol(argv[2], &end, 10);
+    if (*end == '\0' && fd >= 0 && fd < 1 << 20) return run_worker(static_cast<int>(fd));
+  }
+  std::fprintf(stderr,
+               "%s: a ferry worker process. A supervisor starts it (ferry run, or ferry::Pool "
+               "with start=spawn); it is not run by hand.\n"
+               "  %s --list-tasks   print the tasks this worker can run\n",
+               argv[0], argv[0]);
+  return kWorkerUsage;
+}
+
+}  // namespace ferry
