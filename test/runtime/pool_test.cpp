@@ -1,0 +1,391 @@
+// The pool across real worker processes: order, errors, crashes, timeouts, start methods,
+// back-pressure and shutdown.
+#include "runtime/pool.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "../test_util.hpp"
+#include "ipc/cuda/fork_safety.hpp"
+#include "ipc/process.hpp"
+#include "runtime/shared_tensor.hpp"
+#include "workers/builtin_tasks.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+PoolOptions cpu_pool(int workers, Start start = Start::Fork) {
+  PoolOptions o;
+  o.devices.assign(workers, "cpu");
+  o.start = start;
+  o.worker_executable = FERRY_TEST_WORKER;
+  return o;
+}
+
+Tensors delayed(std::int64_t micros, std::int64_t value) {
+  return {at::scalar_tensor(micros, at::kLong), at::full({4}, value, at::kLong)};
+}
+
+bool all_dead(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
+  const auto deadline = Clock::now() + within;
+  for (;;) {
+    bool any = false;
+    for (pid_t p : pids) any = any || (p > 0 && process_alive(p));
+    if (!any) return true;
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST_CASE("map of 10000 tasks with random per-task delays returns every result in input order") {
+  Pool pool(cpu_pool(2));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> delay(0, 300);
+  std::vector<Tensors> inputs;
+  for (int i = 0; i < 10000; ++i) inputs.push_back(delayed(delay(rng), i));
+  const std::vector<Tensors> out = pool.map("sleep_echo", inputs);
+  REQUIRE(out.size() == inputs.size());
+  for (int i = 0; i < 10000; ++i) {
+    INFO("result " << i);
+    REQUIRE(out[i].size() == 1);
+    REQUIRE(out[i][0].equal(at::full({4}, i, at::kLong)));
+  }
+  const PoolStats s = pool.stats();
+  CHECK(s.completed == 10000);
+  CHECK(s.failed == 0);
+  // Both workers took part: the least-loaded choice spreads the work.
+  for (const auto& w : s.workers) CHECK(w.tasks_done > 1000);
+}
+
+TEST_CASE("SIGKILL of random workers during a 10000-task run ends every task exactly once") {
+  PoolOptions o = cpu_pool(2);
+  o.max_retries = 5;
+  Pool pool(o);
+  std::vector<Tensors> inputs;
+  for (int i = 0; i < 10000; ++i) inputs.push_back(delayed(i % 7 == 0 ? 200 : 0, i));
+
+  std::atomic<bool> done{false};
+  std::atomic<int> kills{0};
+  std::thread killer([&] {
+    std::mt19937 rng(11);
+    while (!done) {
+      std::this_thread::sleep_for(40ms);
+      const auto pids = pool.worker_pids();
+      const pid_t victim = pids[rng() % pids.size()];
+      if (victim > 0 && ::kill(victim, SIGKILL) == 0) ++kills;
+    }
+  });
+  std::vector<int> seen(inputs.size(), 0);
+  std::size_t results = 0, errors = 0;
+  auto stream = pool.imap_unordered("sleep_echo", inputs);
+  while (auto r = stream.next()) {
+    ++seen.at(r->index);
+    if (r->error) {
+      ++errors;
+      try {
+        r->get();
+      } catch (const TaskError& e) {
+        CHECK(e.code() == Errc::worker_lost);
+        CHECK_THAT(e.what(), Catch::Contains("SIGKILL"));
+      }
+    } else {
+      ++results;
+      REQUIRE(
+          r->outputs.at(0).equal(at::full({4}, static_cast<std::int64_t>(r->index), at::kLong)));
+    }
+  }
+  done = true;
+  killer.join();
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    INFO("task " << i);
+    REQUIRE(seen[i] == 1);
+  }
+  CHECK(results + errors == 10000);
+  CHECK(kills > 5);
+  const PoolStats s = pool.stats();
+  std::uint64_t restarts = 0;
+  for (const auto& w : s.workers) restarts += w.restarts;
+  // A kill that lands during a restart's handshake fails that start instead of adding one.
+  CHECK(restarts > 0);
+  CHECK(restarts <= static_cast<std::uint64_t>(kills.load()));
+  CHECK(s.retried > 0);
+  WARN(kills << " kills, " << s.retried << " retries, " << errors << " tasks lost");
+  // The pool still works after all that.
+  CHECK(pool.submit("square", {at::full({2}, 3.0)}).get()[0].equal(at::full({2}, 9.0)));
+}
+
+TEST_CASE("a task that throws is a TaskError naming worker, device, task and input") {
+  Pool pool(cpu_pool(2));
+  std::vector<Tensors> inputs;
+  for (int i = 0; i < 20; ++i) inputs.push_back({at::scalar_tensor(i == 13 ? -5 : i, at::kLong)});
+  try {
+    pool.map("fail_if_negative", inputs);
+    FAIL("map should have thrown");
+  } catch (const TaskError& e) {
+    CHECK(e.code() == Errc::task_failed);
+    CHECK(e.task() == "fail_if_negative");
+    CHECK(e.index() == 13);
+    CHECK(e.device() == "cpu");
+    CHECK(e.worker() >= 0);
+    CHECK(e.pid() > 0);
+    CHECK(e.message() == "asked to fail on -5 in fail_if_negative");
+    CHECK_THAT(e.what(), Catch::Contains("input 13") && Catch::Contains("worker"));
+  }
+  // The pool keeps working, with the same worker processes (a throw is not a crash).
+  const auto pids = pool.worker_pids();
+  CHECK(pool.submit("fail_if_negative", {at::scalar_tensor(4, at::kLong)}).get()[0].item<long>() ==
+        4);
+  CHECK(pool.worker_pids() == pids);
+  const PoolStats s = pool.stats();
+  CHECK(s.failed == 1);
+  CHECK(s.workers[0].tasks_failed + s.workers[1].tasks_failed == 1);
+}
+
+TEST_CASE(
+    "a worker that crashes on a task is restarted; the task is retried, then fails naming the "
+    "signal") {
+  PoolOptions o = cpu_pool(2);
+  o.max_retries = 1;
+  Pool pool(o);
+  auto f = pool.submit("segfault", {});
+  try {
+    f.get();
+    FAIL("the task should have failed");
+  } catch (const TaskError& e) {
+    CHECK(e.code() == Errc::worker_lost);
+    CHECK_THAT(e.what(), Catch::Contains("SIGSEGV") && Catch::Contains("2 attempt"));
+  }
+  // It was retried on the other worker: both crashed once and both came back.
+  const PoolStats s = pool.stats();
+  CHECK(s.retried == 1);
+  CHECK(s.workers[0].tasks_lost == 1);
+  CHECK(s.workers[1].tasks_lost == 1);
+  CHECK(pool.submit("square", {at::full({1}, 2.0)}).get()[0].item<double>() == 4.0);
+  for (const auto& w : pool.stats().workers) CHECK(w.restarts == 1);
+}
+
+TEST_CASE("a task past its timeout kills its worker and fails naming the timeout") {
+  PoolOptions o = cpu_pool(1);
+  o.task_timeout = 300ms;
+  o.max_retries = 0;
+  Pool pool(o);
+  const pid_t before = pool.worker_pids()[0];
+  auto stuck = pool.submit("hang", {});
+  try {
+    stuck.get();
+    FAIL("the task should have timed out");
+  } catch (const TaskError& e) {
+    CHECK(e.code() == Errc::worker_lost);
+    CHECK_THAT(e.what(), Catch::Contains("timeout of 300 ms") && Catch::Contains("SIGKILL"));
+  }
+  CHECK_FALSE(process_alive(before));
+  CHECK(pool.submit("square", {at::full({1}, 3.0)}).get()[0].item<double>() == 9.0);
+  const PoolStats s = pool.stats();
+  CHECK(s.workers[0].timeouts == 1);
+  CHECK(s.workers[0].restarts == 1);
+}
+
+TEST_CASE("fork is refused after CUDA is initialised; auto then spawns") {
+  test::in_child([] {
+    cuda::detail::simulate_initialised(true);  // the state only; the refusal path is real
+    try {
+      Pool refused(cpu_pool(1, Start::Fork));
+      std::fprintf(stderr, "fork was not refused\n");
+      ::_exit(1);
+    } catch (const Error& e) {
+      if (e.code() != Errc::invalid_argument || !std::strstr(e.what(), "spawn")) {
+        std::fprintf(stderr, "unexpected error: %s\n", e.what());
+        ::_exit(1);
+      }
+    }
+    Pool pool(cpu_pool(1, Start::Auto));
+    if (pool.stats().workers[0].start != "spawn") ::_exit(2);
+    if (pool.submit("square", {at::full({1}, 5.0)}).get()[0].item<double>() != 25.0) ::_exit(3);
+  });
+}
+
+TEST_CASE("spawned workers run the tasks of the program they were spawned from") {
+  Pool pool(cpu_pool(2, Start::Spawn));
+  for (const auto& w : pool.stats().workers) CHECK(w.start == "spawn");
+  const auto names = pool.tasks();
+  CHECK(std::find(names.begin(), names.end(), "sleep_echo") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "mlp") != names.end());
+  for (pid_t pid : pool.worker_pids()) {
+    char exe[4096] = {};
+    REQUIRE(::readlink(("/proc/" + std::to_string(pid) + "/exe").c_str(), exe, sizeof exe - 1) > 0);
+    CHECK_THAT(std::string(exe), Catch::EndsWith("ferry-test-worker"));
+  }
+  std::vector<Tensors> inputs;
+  for (int i = 0; i < 200; ++i) inputs.push_back(delayed(0, i));
+  const auto out = pool.map("sleep_echo", inputs);
+  for (int i = 0; i < 200; ++i) REQUIRE(out[i][0][0].item<std::int64_t>() == i);
+}
+
+TEST_CASE("the default ferry-worker executable is found and runs the built-in mlp") {
+  PoolOptions o;
+  o.devices = {"cpu"};
+  o.start = Start::Spawn;
+  o.worker_executable = FERRY_WORKER_EXE;
+  Pool pool(o);
+  const at::Tensor batch = at::randn({8, kMlpFeatures});
+  const at::Tensor out = pool.submit("mlp", {batch}).get().at(0);
+  CHECK(out.sizes() == at::IntArrayRef({8, kMlpClasses}));
+  CHECK(at::allclose(out, reference_mlp(batch), 1e-5, 1e-5));
+}
+
+TEST_CASE("a protocol mismatch is a clear error on both sides") {
+  const std::string log = "/tmp/ferry-handshake-" + std::to_string(::getpid()) + ".log";
+  test::in_child([&] {
+    const int fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    ::dup2(fd, 2);  // the spawned worker inherits this stderr
+    ::setenv("FERRY_TEST_WORKER_PROTOCOL", "99", 1);
+    try {
+      Pool pool(cpu_pool(1, Start::Spawn));
+      ::_exit(1);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "SUPERVISOR: %s\n", e.what());
+      ::_exit(e.code() == Errc::handshake ? 0 : 2);
+    }
+  });
+  const std::string text = slurp(log);
+  ::unlink(log.c_str());
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("SUPERVISOR") && Catch::Contains("protocol version 99"));
+  CHECK_THAT(text, Catch::Contains("ferry-worker") && Catch::Contains("refusing to start"));
+}
+
+TEST_CASE("a worker program that never answers the handshake fails the start with its status") {
+  PoolOptions o = cpu_pool(1, Start::Spawn);
+  o.worker_executable = "/bin/false";
+  try {
+    Pool pool(o);
+    FAIL("the pool should not have started");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::handshake);
+    CHECK_THAT(e.what(), Catch::Contains("exited with code 1") && Catch::Contains("/bin/false"));
+  }
+  o.worker_executable = "/nonexistent/ferry-worker";
+  CHECK_THROWS_WITH(Pool(o), Catch::Contains("/nonexistent/ferry-worker"));
+}
+
+TEST_CASE("bad options and unknown tasks are errors that name the value") {
+  PoolOptions o = cpu_pool(1);
+  o.devices = {"gpu0"};
+  CHECK_THROWS_WITH(Pool(o), Catch::Contains("'gpu0'"));
+  o = cpu_pool(1);
+  o.require_tasks = {"no_such_task"};
+  CHECK_THROWS_WITH(Pool(o), Catch::Contains("no_such_task"));
+  Pool pool(cpu_pool(1));
+  CHECK_THROWS_WITH(pool.submit("nope", {}),
+                    Catch::Contains("'nope'") && Catch::Contains("square"));
+  Tensors many(65, at::zeros({1}));
+  CHECK_THROWS_WITH(pool.submit("echo", many), Catch::Contains("65 tensors"));
+  CHECK_THROWS_AS(parse_start("vfork"), Error);
+}
+
+TEST_CASE("submit blocks while the pool is full, then times out") {
+  PoolOptions o = cpu_pool(1);
+  o.max_inflight_per_worker = 2;
+  Pool pool(o);
+  auto a = pool.submit("sleep_echo", delayed(400000, 1));
+  auto b = pool.submit("sleep_echo", delayed(0, 2));
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH(pool.submit("sleep_echo", delayed(0, 3), 100ms), Catch::Contains("full"));
+  CHECK(Clock::now() - t0 >= 100ms);
+  // Room comes back as results do: an unbounded submit now waits for `a`, then goes through.
+  auto c = pool.submit("sleep_echo", delayed(0, 3));
+  CHECK(c.get()[0][0].item<std::int64_t>() == 3);
+  CHECK(a.get()[0][0].item<std::int64_t>() == 1);
+  CHECK(b.get()[0][0].item<std::int64_t>() == 2);
+}
+
+TEST_CASE("close drains by default and cancels on request; no worker outlives it") {
+  std::vector<pid_t> pids;
+  std::vector<std::future<Tensors>> drained;
+  {
+    Pool pool(cpu_pool(2));
+    pids = pool.worker_pids();
+    for (int i = 0; i < 6; ++i) drained.push_back(pool.submit("sleep_echo", delayed(50000, i)));
+  }  // the destructor drains
+  for (int i = 0; i < 6; ++i) CHECK(drained[i].get()[0][0].item<std::int64_t>() == i);
+  CHECK(all_dead(pids, 100ms));
+
+  PoolOptions quick = cpu_pool(1);
+  quick.stop_timeout = 200ms;  // the hung task never ends: the worker is killed after this
+  Pool pool(quick);
+  pids = pool.worker_pids();
+  auto running = pool.submit("hang", {});
+  auto queued = pool.submit("square", {at::ones({1})});
+  std::this_thread::sleep_for(50ms);
+  pool.close(Shutdown::Cancel);
+  for (auto* f : {&running, &queued}) {
+    try {
+      f->get();
+      FAIL("cancelled task returned");
+    } catch (const TaskError& e) {
+      CHECK(e.code() == Errc::closed);
+    }
+  }
+  CHECK(all_dead(pids, 100ms));
+  CHECK_THROWS_WITH(pool.submit("square", {at::ones({1})}), Catch::Contains("closed"));
+}
+
+TEST_CASE("workers die with their supervisor, even when it is SIGKILLed") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t supervisor = test::fork_child([&] {
+    Pool pool(cpu_pool(2));
+    const auto pids = pool.worker_pids();
+    [[maybe_unused]] ssize_t n = ::write(fds[1], pids.data(), sizeof(pid_t) * pids.size());
+    pool.submit("hang", {});  // one worker busy in a task, one idle
+    for (;;) ::pause();
+  });
+  std::vector<pid_t> pids(2);
+  REQUIRE(::read(fds[0], pids.data(), sizeof(pid_t) * 2) == sizeof(pid_t) * 2);
+  std::this_thread::sleep_for(50ms);
+  ::kill(supervisor, SIGKILL);
+  test::wait_child(supervisor);
+  CHECK(all_dead(pids, 2000ms));
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+TEST_CASE("statistics count results zero-copied and copied, per worker") {
+  Pool pool(cpu_pool(1));
+  pool.submit("whoami", {}).get();                 // result made in shared memory: zero-copy
+  pool.submit("square", {at::ones({256})}).get();  // an ordinary tensor: copied once
+  const WorkerStats w = pool.stats().workers.at(0);
+  CHECK(w.tensors_zero_copy == 1);
+  CHECK(w.bytes_zero_copy == 16);
+  CHECK(w.tensors_copied == 1);
+  CHECK(w.bytes_copied == 256 * 4);
+  CHECK(w.tasks_done == 2);
+}
+
+TEST_CASE("configuration reaches every task's context") {
+  PoolOptions o = cpu_pool(1);
+  o.config["greeting"] = "ahoy";
+  Pool pool(o);
+  const at::Tensor t = pool.submit("config_echo", {}).get().at(0);
+  CHECK(std::string(static_cast<const char*>(t.data_ptr()), t.numel()) == "ahoy");
+}
+
+}  // namespace
+}  // namespace ferry
