@@ -22,7 +22,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	$(BUILD)/tools/ferry-demo
+	$(BUILD)/tools/ferry run
 
 test: build
 	cd $(BUILD) && ctest $(CTEST_ARGS)

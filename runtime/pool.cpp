@@ -20,6 +20,7 @@
 #include "ipc/control_socket.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
+#include "runtime/shared_tensor.hpp"
 #include "runtime/worker_protocol.hpp"
 
 namespace ferry {
@@ -158,6 +159,16 @@ struct Pool::State {
       tasks.emplace(task->id, task);
       pending.push_back(task);
       ++totals.submitted;
+      for (const auto& t : task->inputs) {
+        const auto bytes = static_cast<std::uint64_t>(t.defined() ? t.nbytes() : 0);
+        if (is_shared(t)) {
+          ++totals.input_tensors_zero_copy;
+          totals.input_bytes_zero_copy += bytes;
+        } else {
+          ++totals.input_tensors_copied;
+          totals.input_bytes_copied += bytes;
+        }
+      }
     }
     dispatch();
   }
@@ -799,8 +810,10 @@ Tensors Pool::Result::get() const {
 struct Pool::Results::State {
   std::shared_ptr<Pool::State> pool;
   std::string task;
-  std::vector<Tensors> inputs;
+  std::size_t count = 0;
+  std::function<Tensors(std::size_t)> make;
   std::size_t next_input = 0;
+  std::optional<Tensors> held;  // made but not yet admitted (the pool was full)
   std::size_t outstanding = 0;  // submitted, not yet returned by next()
   std::mutex mu;
   std::condition_variable arrived;
@@ -808,10 +821,19 @@ struct Pool::Results::State {
 };
 
 Pool::Results Pool::imap_unordered(const std::string& task, std::vector<Tensors> inputs) {
+  auto shared = std::make_shared<std::vector<Tensors>>(std::move(inputs));
+  const std::size_t n = shared->size();
+  // Each input is handed over once, so it can be moved out rather than copied.
+  return imap_unordered(task, n, [shared](std::size_t i) { return std::move((*shared)[i]); });
+}
+
+Pool::Results Pool::imap_unordered(const std::string& task, std::size_t count,
+                                   std::function<Tensors(std::size_t)> make) {
   auto st = std::make_shared<Results::State>();
   st->pool = s_;
   st->task = task;
-  st->inputs = std::move(inputs);
+  st->count = count;
+  st->make = std::move(make);
   return Results(std::move(st));
 }
 
@@ -827,14 +849,16 @@ std::optional<Pool::Result> Pool::Results::next() {
         --st.outstanding;
         return r;
       }
-      if (st.outstanding == 0 && st.next_input == st.inputs.size()) return std::nullopt;
+      if (st.outstanding == 0 && st.next_input == st.count) return std::nullopt;
     }
-    // Top up without blocking while results are on their way; block only when none are.
-    while (st.next_input < st.inputs.size() && st.outstanding < window) {
+    // Top up without blocking while results are on their way; block only when none are. An
+    // input that found no room is kept for the next round rather than made again.
+    while (st.next_input < st.count && st.outstanding < window) {
       const std::size_t i = st.next_input;
+      if (!st.held) st.held = st.make(i);
       std::weak_ptr<State> weak = s_;
       try {
-        st.pool->submit(st.task, std::move(st.inputs[i]), i,
+        st.pool->submit(st.task, *st.held, i,
                         st.outstanding > 0 ? std::chrono::milliseconds(0) : kForever,
                         [weak](Result&& r) {
                           if (auto s = weak.lock()) {
@@ -847,6 +871,7 @@ std::optional<Pool::Result> Pool::Results::next() {
         if (e.code() != Errc::timeout || st.outstanding == 0) throw;
         break;
       }
+      st.held.reset();
       std::lock_guard<std::mutex> lock(st.mu);
       ++st.next_input;
       ++st.outstanding;

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -82,6 +83,9 @@ struct WorkerStats {
 struct PoolStats {
   std::vector<WorkerStats> workers;
   std::uint64_t submitted = 0, completed = 0, failed = 0, retried = 0;
+  // Inputs as submitted: in shared memory already (zero-copy) or copied once on hand-over.
+  std::uint64_t input_tensors_zero_copy = 0, input_bytes_zero_copy = 0;
+  std::uint64_t input_tensors_copied = 0, input_bytes_copied = 0;
 };
 
 class Pool {
@@ -125,6 +129,10 @@ class Pool {
   };
   // Streams `task` over `inputs`, results in completion order.
   Results imap_unordered(const std::string& task, std::vector<Tensors> inputs);
+  // The same over `count` inputs made on demand by `make(index)`, so a long stream never holds
+  // more than the pool's capacity of inputs at once.
+  Results imap_unordered(const std::string& task, std::size_t count,
+                         std::function<Tensors(std::size_t)> make);
 
   // Stops taking work, finishes or cancels what is left (per `how`), stops the workers (stop
   // token, then SIGKILL after stop_timeout) and reaps them. Idempotent.

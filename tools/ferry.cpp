@@ -1,0 +1,405 @@
+// ferry: the supervisor binary. `ferry run` starts a pool of workers, streams batches through a
+// task, and reports throughput, latency, per-worker counts and how many bytes moved zero-copy.
+//
+// Exit codes: 0 every task succeeded; 1 some tasks failed (the rest ran); 2 bad arguments or
+// input; 3 the pool could not start or broke; 128+N interrupted by signal N (SIGINT 130,
+// SIGTERM 143) after a clean shutdown.
+#include <signal.h>
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "ipc/units.hpp"
+#include "runtime/ferry.hpp"
+#include "workers/builtin_tasks.hpp"
+#include "workers/task_registry.hpp"
+
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+using nlohmann::json;
+
+constexpr int kOk = 0, kTasksFailed = 1, kBadInput = 2, kBroken = 3;
+
+struct RunArgs {
+  int workers = 0;
+  std::string devices;
+  std::string start = "auto";
+  std::string task = "mlp";
+  std::string model, input, output, worker;
+  int batches = 200;
+  int batch_size = 64;
+  std::int64_t features = ferry::kMlpFeatures;
+  int timeout_ms = 0;
+  int retries = 2;
+  bool json = false;
+};
+
+// A problem with what the user gave us, reported as exit code 2.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// The default device list: every core as a CPU worker and every GPU this LibTorch can use.
+std::vector<std::string> default_devices() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> d(cores, "cpu");
+  // Asking initialises CUDA here when there is a GPU; the pool then spawns instead of forking.
+  if (torch::cuda::is_available()) {
+    for (std::size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      d.push_back("cuda:" + std::to_string(i));
+    }
+  }
+  return d;
+}
+
+// Tensors saved from Python with torch.save([t0, t1, ...]) (a list or tuple of tensors).
+std::vector<at::Tensor> load_tensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw BadInput("cannot read --input '" + path + "': " + std::strerror(errno));
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
+  torch::jit::IValue v;
+  try {
+    v = torch::jit::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw BadInput("--input '" + path + "' is not a file written by torch.save: " +
+                   std::string(e.what()).substr(0, 200));
+  }
+  std::vector<at::Tensor> out;
+  auto take = [&](const torch::jit::IValue& x) {
+    if (!x.isTensor()) {
+      throw BadInput("--input '" + path + "' holds a " + x.tagKind() +
+                     " where a tensor should be; save a list or tuple of tensors");
+    }
+    out.push_back(x.toTensor());
+  };
+  if (v.isList()) {
+    for (const auto& x : v.toListRef()) take(x);
+  } else if (v.isTuple()) {
+    for (const auto& x : v.toTuple()->elements()) take(x);
+  } else if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else {
+    throw BadInput("--input '" + path + "' holds a " + v.tagKind() +
+                   "; save a list or tuple of tensors with torch.save");
+  }
+  return out;
+}
+
+// Results for Python's torch.load: a list with one entry per input, a tensor when the task
+// returned one, else a list of its tensors.
+void save_results(const std::string& path, const std::vector<ferry::Tensors>& results) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& r : results) {
+    if (r.size() == 1) {
+      list.push_back(r[0]);
+    } else {
+      c10::List<at::Tensor> inner;
+      for (const auto& t : r) inner.push_back(t);
+      list.push_back(inner);
+    }
+  }
+  const std::vector<char> bytes = torch::jit::pickle_save(list);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw BadInput("cannot write --output '" + path + "': " + std::strerror(errno));
+}
+
+// Shows progress on a terminal as a bar redrawn in place, elsewhere as a line every 10%.
+class Progress {
+ public:
+  explicit Progress(std::size_t total) : total_(total), tty_(::isatty(2) == 1) {}
+  void update(std::size_t done, std::size_t failed) {
+    const auto now = std::chrono::steady_clock::now();
+    const double rate = done / std::max(1e-9, Seconds(now - start_).count());
+    if (tty_) {
+      if (done != total_ && now - last_ < std::chrono::milliseconds(100)) return;
+      last_ = now;
+      const int width = 30;
+      const int filled = total_ ? static_cast<int>(width * done / total_) : width;
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu tasks, %zu failed, %.0f tasks/s ",
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
+                   total_, failed, rate);
+      if (done == total_) std::fprintf(stderr, "\n");
+    } else {
+      const std::size_t tenth = total_ ? 10 * done / total_ : 10;
+      if (tenth == last_tenth_) return;
+      last_tenth_ = tenth;
+      std::fprintf(stderr, "ferry: %zu/%zu tasks (%zu%%), %zu failed, %.0f tasks/s\n", done, total_,
+                   tenth * 10, failed, rate);
+    }
+  }
+
+ private:
+  std::size_t total_;
+  bool tty_;
+  std::size_t last_tenth_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
+}
+
+// SIGINT and SIGTERM are taken by a thread of their own (blocked everywhere else), which closes
+// the pool: in-flight tasks are cancelled, workers stopped and reaped, and run() returns.
+std::atomic<int> g_signal{0};
+
+int run(const RunArgs& a) {
+  ferry::PoolOptions o;
+  if (!a.devices.empty()) {
+    o.devices = split(a.devices);
+  } else if (a.workers > 0) {
+    o.devices.assign(a.workers, "cpu");
+  } else {
+    o.devices = default_devices();
+  }
+  o.start = ferry::parse_start(a.start);
+  o.worker_executable = a.worker;
+  o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
+  o.max_retries = a.retries;
+  o.require_tasks = {a.task};
+  if (!a.model.empty()) o.config["model"] = a.model;
+  if (a.task == "torchscript" && a.model.empty()) {
+    throw BadInput("--task torchscript needs --model FILE.pt (a model saved by torch.jit.save)");
+  }
+  if (!a.model.empty() && ::access(a.model.c_str(), R_OK) != 0) {
+    throw BadInput("cannot read --model '" + a.model + "': " + std::strerror(errno));
+  }
+
+  std::vector<at::Tensor> given;
+  if (!a.input.empty()) given = load_tensors(a.input);
+  const std::size_t count = a.input.empty() ? static_cast<std::size_t>(a.batches) : given.size();
+  const std::int64_t features = a.task == "mlp" ? ferry::kMlpFeatures : a.features;
+  // Synthetic batches are made in shared memory, as a data loader using ferry would, so they
+  // travel zero-copy; inputs read from a file are copied once on send.
+  auto make = [&](std::size_t i) -> ferry::Tensors {
+    if (!a.input.empty()) return {given[i]};
+    at::Tensor t = ferry::empty_shared({a.batch_size, features}, at::kFloat);
+    t.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(1000 + i));
+    return {t};
+  };
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGUSR1);  // how run() releases the signal thread at the end
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  std::optional<ferry::Pool> pool;
+  try {
+    pool.emplace(o);
+  } catch (const ferry::Error& e) {
+    if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
+    throw;
+  }
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig == SIGUSR1) return;  // run() finished: nothing to stop
+    g_signal = sig;
+    pool->close(ferry::Shutdown::Cancel);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<ferry::Tensors> results(a.output.empty() ? 0 : count);
+  std::vector<double> latencies;
+  std::vector<std::string> errors;
+  std::size_t done = 0;
+  Progress progress(count);
+  try {
+    auto stream = pool->imap_unordered(a.task, count, make);
+    while (auto r = stream.next()) {
+      ++done;
+      latencies.push_back(std::chrono::duration<double>(r->latency).count());
+      if (r->error) {
+        try {
+          std::rethrow_exception(r->error);
+        } catch (const std::exception& e) {
+          if (!g_signal) errors.push_back(e.what());
+        }
+      } else if (!results.empty()) {
+        results[r->index] = std::move(r->outputs);
+      }
+      if (!a.json) progress.update(done, errors.size());
+    }
+  } catch (const ferry::Error& e) {
+    if (!g_signal) throw;
+  }
+  const double elapsed = Seconds(std::chrono::steady_clock::now() - t0).count();
+  const ferry::PoolStats s = pool->stats();  // before close, while the pids are current
+  pool->close(ferry::Shutdown::Cancel);
+  ::pthread_kill(signals.native_handle(), SIGUSR1);
+  signals.join();
+  if (g_signal) {
+    std::fprintf(stderr, "ferry: stopped by %s after %zu of %zu tasks; workers stopped\n",
+                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", done, count);
+    return 128 + g_signal;
+  }
+  for (std::size_t i = 0; i < std::min<std::size_t>(errors.size(), 5); ++i) {
+    std::fprintf(stderr, "%s\n", errors[i].c_str());
+  }
+  if (errors.size() > 5) std::fprintf(stderr, "... and %zu more failures\n", errors.size() - 5);
+  if (!a.output.empty() && errors.empty()) save_results(a.output, results);
+
+  const double rate = static_cast<double>(done) / std::max(elapsed, 1e-9);
+  const std::uint64_t in_zc = s.input_bytes_zero_copy, in_cp = s.input_bytes_copied;
+  std::uint64_t out_zc = 0, out_cp = 0;
+  for (const auto& w : s.workers) {
+    out_zc += w.bytes_zero_copy;
+    out_cp += w.bytes_copied;
+  }
+  if (a.json) {
+    json workers = json::array();
+    for (const auto& w : s.workers) {
+      workers.push_back({{"id", w.id},
+                         {"device", w.device},
+                         {"start", w.start},
+                         {"pid", w.pid},
+                         {"tasks", w.tasks_done},
+                         {"failed", w.tasks_failed},
+                         {"lost", w.tasks_lost},
+                         {"restarts", w.restarts},
+                         {"timeouts", w.timeouts},
+                         {"bytes_zero_copy", w.bytes_zero_copy},
+                         {"bytes_copied", w.bytes_copied}});
+    }
+    const json doc = {
+        {"task", a.task},
+        {"tasks", done},
+        {"failed", errors.size()},
+        {"retried", s.retried},
+        {"seconds", elapsed},
+        {"tasks_per_second", rate},
+        {"latency_ms",
+         {{"p50", percentile(latencies, 0.5) * 1e3}, {"p99", percentile(latencies, 0.99) * 1e3}}},
+        {"inputs", {{"bytes_zero_copy", in_zc}, {"bytes_copied", in_cp}}},
+        {"results", {{"bytes_zero_copy", out_zc}, {"bytes_copied", out_cp}}},
+        {"workers", workers},
+        {"errors", errors}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf("ferry run: task '%s' on %zu worker(s), %zu tasks in %.2f s\n", a.task.c_str(),
+                s.workers.size(), done, elapsed);
+    std::printf("  throughput  %.1f tasks/s, %zu failed, %llu retried\n", rate, errors.size(),
+                static_cast<unsigned long long>(s.retried));
+    std::printf("  latency     p50 %.2f ms, p99 %.2f ms (hand-over to result)\n",
+                percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3);
+    std::printf("  inputs      %s zero-copy, %s copied\n", ferry::format_bytes(in_zc).c_str(),
+                ferry::format_bytes(in_cp).c_str());
+    std::printf("  results     %s zero-copy, %s copied\n", ferry::format_bytes(out_zc).c_str(),
+                ferry::format_bytes(out_cp).c_str());
+    std::printf("  %-6s %-8s %-6s %8s %7s %8s %11s %11s\n", "worker", "device", "start", "tasks",
+                "failed", "restarts", "zero-copy", "copied");
+    for (const auto& w : s.workers) {
+      std::printf("  %-6d %-8s %-6s %8llu %7llu %8llu %11s %11s\n", w.id, w.device.c_str(),
+                  w.start.c_str(), static_cast<unsigned long long>(w.tasks_done),
+                  static_cast<unsigned long long>(w.tasks_failed),
+                  static_cast<unsigned long long>(w.restarts),
+                  ferry::format_bytes(w.bytes_zero_copy).c_str(),
+                  ferry::format_bytes(w.bytes_copied).c_str());
+    }
+    if (!a.output.empty() && errors.empty()) {
+      std::printf("  wrote %zu results to %s\n", results.size(), a.output.c_str());
+    }
+  }
+  return errors.empty() ? kOk : kTasksFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferry: run PyTorch work on a pool of worker processes, tensors moved zero-copy"};
+  app.require_subcommand(1);
+  RunArgs a;
+  CLI::App* run_cmd = app.add_subcommand(
+      "run",
+      "Start workers, stream batches through a task, and report throughput, latency and how "
+      "many bytes moved zero-copy. With no options: the built-in 'mlp' over 200 synthetic "
+      "batches on every CPU core (and every GPU LibTorch can use).");
+  run_cmd->add_option("--workers", a.workers, "CPU workers (default: one per core)")
+      ->check(CLI::Range(1, 1024));
+  run_cmd
+      ->add_option("--devices", a.devices,
+                   "one worker per entry, e.g. cpu,cpu,cuda:0 (overrides --workers)")
+      ->excludes("--workers");
+  run_cmd
+      ->add_option("--start", a.start,
+                   "how workers start: fork (only while CUDA is uninitialised here), spawn (runs "
+                   "the worker executable), auto (fork when safe)")
+      ->check(CLI::IsMember({"auto", "fork", "spawn"}));
+  // The tasks of this program's own registry: what forked workers run, and what the default
+  // ferry-worker has too.
+  std::string known;
+  for (const auto& n : ferry::task_names()) known += (known.empty() ? "" : ", ") + n;
+  run_cmd->add_option(
+      "--task", a.task,
+      "task to run (here: " + known + "); a custom worker (--worker) may register more");
+  run_cmd->add_option("--model", a.model, "TorchScript file for --task torchscript");
+  run_cmd->add_option("--input", a.input,
+                      "tensors saved by torch.save([t0, t1, ...]); each is one task's input");
+  run_cmd->add_option("--output", a.output,
+                      "write the results, in input order, for Python's torch.load");
+  run_cmd->add_option("--batches", a.batches, "synthetic batches when there is no --input")
+      ->check(CLI::Range(1, 100000000));
+  run_cmd->add_option("--batch-size", a.batch_size, "rows per synthetic batch")
+      ->check(CLI::Range(1, 1 << 20));
+  run_cmd->add_option("--features", a.features, "columns per synthetic batch (mlp: 64)")
+      ->check(CLI::Range(1, 1 << 20));
+  run_cmd
+      ->add_option("--timeout-ms", a.timeout_ms,
+                   "kill a worker whose task runs longer (0: no limit)")
+      ->check(CLI::Range(0, 1 << 30));
+  run_cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
+      ->check(CLI::Range(0, 100));
+  run_cmd->add_option("--worker", a.worker,
+                      "worker executable for spawn (default: ferry-worker beside this program)");
+  run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
+  app.footer(
+      "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
+      "3 the pool could not start or broke, 130/143 stopped by SIGINT/SIGTERM.\n"
+      "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kOk : kBadInput;
+  }
+  try {
+    return run(a);
+  } catch (const BadInput& e) {
+    std::fprintf(stderr, "ferry: %s\n", e.what());
+    return kBadInput;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());  // already "ferry: <code>: ..."
+    return kBroken;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: %s\n", e.what());
+    return kBroken;
+  }
+}
