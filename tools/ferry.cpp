@@ -183,7 +183,6 @@ int run(const RunArgs& a) {
   o.worker_executable = a.worker;
   o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
   o.max_retries = a.retries;
-  o.require_tasks = {a.task};
   if (!a.model.empty()) o.config["model"] = a.model;
   if (a.task == "torchscript" && a.model.empty()) {
     throw BadInput("--task torchscript needs --model FILE.pt (a model saved by torch.jit.save)");
@@ -218,6 +217,13 @@ int run(const RunArgs& a) {
   } catch (const ferry::Error& e) {
     if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
     throw;
+  }
+  const std::vector<std::string> tasks = pool->tasks();
+  if (std::find(tasks.begin(), tasks.end(), a.task) == tasks.end()) {
+    std::string list;
+    for (const auto& n : tasks) list += (list.empty() ? "" : ", ") + n;
+    throw BadInput("--task '" + a.task + "' is not a task of the workers (they have: " + list +
+                   "); register it with FERRY_TASK in a worker and pass --worker");
   }
   std::thread signals([&] {
     int sig = 0;
@@ -380,7 +386,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--worker", a.worker,
                       "worker executable for spawn (default: ferry-worker beside this program)");
   run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
-  app.footer(
+  run_cmd->footer(
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
       "3 the pool could not start or broke, 130/143 stopped by SIGINT/SIGTERM.\n"
       "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable.");

@@ -1,0 +1,260 @@
+// `ferry run` as a user runs it: real processes, files written and read back by Python's torch,
+// signals from outside.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../test_util.hpp"
+#include "ipc/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+const std::string kFerry = FERRY_BIN;
+const std::string kPython = "/usr/bin/python3";
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/ferry-cli-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Ran {
+  int code;
+  std::string out, err;
+};
+
+Ran run(const TempDir& dir, const std::string& args) {
+  const int status = std::system(
+      (kFerry + " " + args + " >'" + (dir / "stdout") + "' 2>'" + (dir / "stderr") + "' </dev/null")
+          .c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "stdout"),
+          slurp(dir / "stderr")};
+}
+
+// Runs a Python snippet with Debian's torch; false (with a visible note) where there is none.
+bool python(const TempDir& dir, const std::string& code) {
+  std::ofstream(dir / "script.py") << "import sys, torch\n" << code;
+  const int status =
+      std::system((kPython + " '" + (dir / "script.py") + "' '" + dir.path + "'").c_str());
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+bool have_python_torch() {
+  return std::system((kPython + " -c 'import torch' 2>/dev/null").c_str()) == 0;
+}
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  const std::string base = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(base.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(base + "/" + e->d_name + "/children");
+    for (pid_t c; f >> c;) out.push_back(c);
+  }
+  ::closedir(d);
+  return out;
+}
+
+std::set<std::string> shm_entries() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) out.insert(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+TEST_CASE("ferry run with no options runs the built-in mlp and prints a summary") {
+  TempDir dir;
+  const Ran r = run(dir, "run");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("task 'mlp'") && Catch::Contains("200 tasks"));
+  CHECK_THAT(r.out, Catch::Contains("tasks/s") && Catch::Contains("p50") &&
+                        Catch::Contains("p99") && Catch::Contains("zero-copy"));
+  // Not a terminal: plain progress lines, the last at 100%.
+  CHECK_THAT(r.err, Catch::Contains("200/200 tasks (100%)"));
+}
+
+TEST_CASE("ferry run --json gives the summary as one document") {
+  TempDir dir;
+  const Ran r = run(dir, "run --json --task square --workers 2 --batches 30 --start spawn");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("task") == "square");
+  CHECK(j.at("tasks") == 30);
+  CHECK(j.at("failed") == 0);
+  CHECK(j.at("tasks_per_second").get<double>() > 0);
+  CHECK(j.at("latency_ms").at("p99").get<double>() >= j.at("latency_ms").at("p50").get<double>());
+  CHECK(j.at("inputs").at("bytes_zero_copy") == 30 * 64 * 64 * 4);  // synthetic: in the arena
+  REQUIRE(j.at("workers").size() == 2);
+  std::uint64_t tasks = 0;
+  for (const auto& w : j.at("workers")) {
+    CHECK(w.at("start") == "spawn");
+    tasks += w.at("tasks").get<std::uint64_t>();
+  }
+  CHECK(tasks == 30);
+}
+
+TEST_CASE("--input and --output round-trip files of Python's torch.save and torch.load") {
+  if (!have_python_torch()) {
+    WARN("SKIP: " << kPython << " has no torch (apt-get install python3-torch)");
+    return;
+  }
+  TempDir dir;
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+g = torch.Generator().manual_seed(3)
+xs = [torch.randn(5, 7, generator=g), torch.arange(12, dtype=torch.int64).reshape(3, 4),
+      torch.randn(4, 3, dtype=torch.float64, generator=g).t(), torch.tensor(2.5)]
+torch.save(xs, d + '/in.pt')
+torch.save(tuple(xs), d + '/in_tuple.pt')
+)"));
+  for (const char* in : {"in.pt", "in_tuple.pt"}) {
+    const Ran r = run(dir, "run --task square --workers 2 --input " + (dir / in) + " --output " +
+                               (dir / "out.pt"));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("wrote 4 results"));
+    CHECK(python(dir, R"(
+d = sys.argv[1]
+xs, ys = torch.load(d + '/in.pt'), torch.load(d + '/out.pt')
+assert isinstance(ys, list) and len(ys) == len(xs), ys
+for x, y in zip(xs, ys):
+    assert y.dtype == x.dtype and y.shape == x.shape, (x, y)
+    assert torch.equal(y, x * x), (x, y)
+)"));
+  }
+}
+
+TEST_CASE("ferry run --task torchscript gives what Python gets running the model itself") {
+  if (!have_python_torch()) {
+    WARN("SKIP: " << kPython << " has no torch (apt-get install python3-torch)");
+    return;
+  }
+  TempDir dir;
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 4)
+    def forward(self, x):
+        return torch.softmax(self.b(torch.relu(self.a(x))), dim=1)
+m = torch.jit.script(Net().eval())
+m.save(d + '/model.pt')
+xs = [torch.randn(8, 16) for _ in range(12)]
+torch.save(xs, d + '/in.pt')
+with torch.no_grad():
+    torch.save([m(x) for x in xs], d + '/expected.pt')
+)"));
+  const Ran r = run(dir, "run --task torchscript --model " + (dir / "model.pt") + " --input " +
+                             (dir / "in.pt") + " --output " + (dir / "out.pt") + " --workers 2");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(python(dir, R"(
+d = sys.argv[1]
+want, got = torch.load(d + '/expected.pt'), torch.load(d + '/out.pt')
+assert len(want) == len(got) == 12
+for w, g in zip(want, got):
+    assert w.shape == g.shape, (w.shape, g.shape)
+    assert torch.allclose(w, g, rtol=1e-5, atol=1e-6), (w - g).abs().max()
+)"));
+}
+
+TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no segment left") {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    TempDir dir;
+    const auto shm_before = shm_entries();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);  // as a job in a shell: SIGINT reaches its workers too
+      const std::string out = dir / "out", err = dir / "err";
+      std::freopen(out.c_str(), "w", stdout);
+      std::freopen(err.c_str(), "w", stderr);
+      ::execl(kFerry.c_str(), kFerry.c_str(), "run", "--task", "square", "--workers", "2",
+              "--batches", "100000000", nullptr);
+      ::_exit(127);
+    }
+    std::vector<pid_t> workers;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (workers.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+      workers = children_of(pid);
+    }
+    REQUIRE(workers.size() == 2);
+    std::this_thread::sleep_for(300ms);  // mid-run, tasks in flight
+    // SIGINT as a terminal sends it: to the whole process group.
+    ::kill(sig == SIGINT ? -pid : pid, sig);
+    const int code = ferry::test::wait_child(pid, std::chrono::seconds(30));
+    INFO(slurp(dir / "err"));
+    CHECK(code == 128 + sig);
+    CHECK_THAT(slurp(dir / "err"), Catch::Contains("stopped by"));
+    for (pid_t w : workers) CHECK_FALSE(ferry::process_alive(w));
+    CHECK(shm_entries() == shm_before);
+  }
+}
+
+TEST_CASE("bad arguments and inputs are exit code 2 with the bad value named") {
+  TempDir dir;
+  Ran r = run(dir, "run --start vfork");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("vfork"));
+  r = run(dir, "run --input /nonexistent/in.pt");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("/nonexistent/in.pt"));
+  r = run(dir, "run --task no_such_task --workers 1");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("no_such_task"));
+  r = run(dir, "run --task torchscript");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--model"));
+  r = run(dir, "run --devices cpu,tpu:0");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("'tpu:0'"));
+  std::ofstream(dir / "junk.pt") << "not a torch file";
+  r = run(dir, "run --input " + (dir / "junk.pt"));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("torch.save"));
+}
+
+TEST_CASE("ferry run --help explains each flag and the exit codes") {
+  TempDir dir;
+  const Ran r = run(dir, "run --help");
+  CHECK(r.code == 0);
+  for (const char* flag : {"--workers", "--devices", "--start", "--task", "--model", "--input",
+                           "--output", "--batches", "--batch-size", "--json", "Exit codes"}) {
+    CHECK_THAT(r.out, Catch::Contains(flag));
+  }
+}
+
+}  // namespace
