@@ -4,13 +4,18 @@
 
 #include <dirent.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -57,7 +62,91 @@ ferry::ShmCheckOptions options(std::uint64_t need, const std::string& dir = "/de
   return o;
 }
 
+// A fresh memory cgroup below this process's own, limited to `limit` bytes: its directory, or
+// "" (with the reason in *why) where cgroups cannot be made here.
+std::string make_memory_cgroup(std::uint64_t limit, std::string* why) {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, v1, v2;
+  bool have_v1 = false, have_v2 = false;
+  while (std::getline(self, line)) {
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    std::stringstream names(controllers);
+    for (std::string c; std::getline(names, c, ',');) {
+      if (c == "memory") {
+        have_v1 = true;
+        v1 = path;
+      }
+    }
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
+      have_v2 = true;
+      v2 = path;
+    }
+  }
+  std::string dir, limit_file;
+  if (have_v1) {
+    dir = "/sys/fs/cgroup/memory" + (v1 == "/" ? "" : v1);
+    limit_file = "memory.limit_in_bytes";
+  } else if (have_v2) {
+    dir = "/sys/fs/cgroup" + (v2 == "/" ? "" : v2);
+    limit_file = "memory.max";
+  } else {
+    *why = "no memory cgroup";
+    return "";
+  }
+  dir += "/ferry-shm-test-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    *why = "cannot create " + dir + ": " + std::strerror(errno);
+    return "";
+  }
+  std::ofstream(dir + "/" + limit_file) << limit;
+  std::ifstream check(dir + "/" + limit_file);
+  std::uint64_t got = 0;
+  if (!(check >> got) || got != limit) {
+    ::rmdir(dir.c_str());
+    *why = "cannot set a memory limit in " + dir;
+    return "";
+  }
+  return dir;
+}
+
 }  // namespace
+
+TEST_CASE("a memory cgroup with less room than the need fails before anything is reserved",
+          "[shm][check][cgroup]") {
+  std::string why;
+  const std::string cg = make_memory_cgroup(48 << 20, &why);
+  if (cg.empty()) {
+    WARN("SKIP: " << why);
+    return;
+  }
+  const int code = ferry::test::wait_child(ferry::test::fork_child([&] {
+    std::ofstream(cg + "/cgroup.procs") << ::getpid();
+    const std::string dir = ferry::test::private_tmpfs(512 << 20);
+    ferry::ShmReport r = ferry::check_shm(options(256 << 20, dir));
+    const ferry::CheckItem& m = item(r, "memory_cgroup");
+    expect(m.verdict == Verdict::fail, "256 MiB fit a 48 MiB cgroup: " + m.summary);
+    expect_has(m.summary, "memory limit 48.0 MiB");
+    expect_has(m.remedy, "--memory=");
+    expect(std::get<std::uint64_t>(*m.value("limit_bytes")) == (48u << 20), "limit_bytes");
+    const ferry::CheckItem& reserve = item(r, "shm_reserve");
+    expect(reserve.verdict == Verdict::fail, "shm_reserve should fail too");
+    expect_has(reserve.summary, "not attempted");
+    // What fits is reserved for real, and charged to the cgroup meanwhile.
+    r = ferry::check_shm(options(8 << 20, dir));
+    expect(verdict_of(r, "memory_cgroup") == "ok", item(r, "memory_cgroup").summary);
+    expect(verdict_of(r, "shm_reserve") == "ok", item(r, "shm_reserve").summary);
+  }));
+  // The child has exited, so the cgroup is empty and can go.
+  for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
+  if (code == ferry::test::kSkip) {
+    WARN("skipped in the child (reason printed above)");
+    return;
+  }
+  REQUIRE(code == 0);
+}
 
 TEST_CASE("a reservation that does not fit fails with the numbers and the remedy, never SIGBUS",
           "[shm][check][tmpfs]") {
