@@ -45,13 +45,17 @@ Arena* g_local = nullptr;
 Arena& Arena::local() {
   std::lock_guard<std::mutex> lock(g_local_mu);
   if (!g_local || g_local->pid() != current_pid()) {
-    Options o;
-    o.segment_size = env_size("FERRY_ARENA_SEGMENT_MB", o.segment_size, 1 << 20);
-    o.lease_slots = static_cast<std::uint32_t>(env_size("FERRY_LEASE_SLOTS", o.lease_slots, 1));
     // Never freed: blocks handed out (and a forked child's inherited ones) point into it.
-    g_local = new Arena(o);
+    g_local = new Arena(options_from_env());
   }
   return *g_local;
+}
+
+Arena::Options Arena::options_from_env() {
+  Options o;
+  o.segment_size = env_size("FERRY_ARENA_SEGMENT_MB", o.segment_size, 1 << 20);
+  o.lease_slots = static_cast<std::uint32_t>(env_size("FERRY_LEASE_SLOTS", o.lease_slots, 1));
+  return o;
 }
 
 Arena::Arena(Options options) : options_(std::move(options)), pid_(current_pid()) {}

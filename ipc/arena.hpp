@@ -45,6 +45,10 @@ class Arena {
   // This process's arena, created on first use with options from the environment
   // (FERRY_SHM_DIR, FERRY_ARENA_SEGMENT_MB, FERRY_LEASE_SLOTS).
   static Arena& local();
+  // The options local() uses: the defaults with FERRY_ARENA_SEGMENT_MB and FERRY_LEASE_SLOTS
+  // applied (dir stays empty: default_shm_dir()). Throws Error(invalid_argument) naming a
+  // malformed variable.
+  static Options options_from_env();
   explicit Arena(Options options);
 
   // A block of at least `bytes`. Before growing, takes back leases receivers ended. Throws

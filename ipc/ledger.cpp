@@ -57,9 +57,13 @@ std::atomic<std::uint64_t>* peer_slot(const Segment& ledger, std::uint32_t slot)
 
 Ledger::Ledger(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
 
+std::size_t Ledger::segment_bytes(std::uint32_t slots) noexcept {
+  return kSlotsOffset + std::size_t{slots} * 8;
+}
+
 std::unique_ptr<Ledger> Ledger::create(std::uint32_t slots) {
   if (slots == 0) throw Error(Errc::invalid_argument, "a ledger of 0 lease slots");
-  auto seg = Segment::create(kSlotsOffset + std::size_t{slots} * 8);
+  auto seg = Segment::create(segment_bytes(slots));
   auto* h = new (seg->data()) Header;
   h->magic = kMagic;
   h->slots = slots;

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,8 @@ class Ledger {
 
   // A ledger of `slots` leases in a new segment (owner side).
   static std::unique_ptr<Ledger> create(std::uint32_t slots);
+  // The size of the segment a ledger of `slots` leases takes.
+  static std::size_t segment_bytes(std::uint32_t slots) noexcept;
   const std::shared_ptr<Segment>& segment() const noexcept { return segment_; }
 
   // Takes a free slot for a tensor about to be sent; `keepalive` (the block) is held until the

@@ -94,3 +94,45 @@ inline std::string private_tmpfs(std::size_t bytes) {
 }
 
 }  // namespace ferry::test
+
+namespace ferry::test {
+
+// In a (single-threaded) child: runs `fn` as pid 1 of new pid and mount namespaces with their
+// own /proc and a tmpfs of `shm_bytes` at /dev/shm, like a container, so /proc shows the test's
+// processes only. Exits the calling child with fn's outcome (0, 1 when it throws, or its own
+// _exit code), or with kSkip when this machine does not allow namespaces.
+[[noreturn]] inline void run_in_private_container(std::size_t shm_bytes,
+                                                  const std::function<void()>& fn) {
+  if (::unshare(CLONE_NEWNS | CLONE_NEWPID) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    std::fprintf(stderr,
+                 "SKIP: cannot make private pid and mount namespaces here (%s); needs "
+                 "root\n",
+                 std::strerror(errno));
+    ::_exit(kSkip);
+  }
+  std::fflush(nullptr);
+  const pid_t init = ::fork();
+  if (init == 0) {
+    if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+      std::fprintf(stderr, "SKIP: cannot mount /proc in a pid namespace (%s)\n",
+                   std::strerror(errno));
+      ::_exit(kSkip);
+    }
+    private_tmpfs(shm_bytes);  // already in a private mount namespace: this mounts only
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "container init failed: %s\n", e.what());
+      ::_exit(1);
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  if (init < 0 || ::waitpid(init, &status, 0) != init) ::_exit(4);
+  ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+}  // namespace ferry::test

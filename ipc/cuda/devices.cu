@@ -114,6 +114,15 @@ DeviceInfo probe_device(int index) {
     cudaGetLastError();
   }
 
+  d.integrated = prop.integrated != 0;
+  d.legacy_ipc = d.unified_addressing && !d.integrated;
+  int events = 0;
+  if (cudaDeviceGetAttribute(&events, cudaDevAttrIpcEventSupport, index) == cudaSuccess) {
+    d.ipc_events = events != 0;
+  } else {
+    cudaGetLastError();
+  }
+
   if (d.compute_mode == cudaComputeModeProhibited) {
     d.error = "compute mode is Prohibited: no process may create a context on this device";
     return d;
@@ -156,6 +165,17 @@ CudaStatus probe() noexcept {
     int previous = -1;
     if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
     for (int i = 0; i < count; ++i) s.devices.push_back(probe_device(i));
+    s.peer_access.assign(count, std::vector<bool>(count, false));
+    for (int i = 0; i < count; ++i) {
+      for (int j = 0; j < count; ++j) {
+        int can = i == j ? 1 : 0;
+        if (i != j && cudaDeviceCanAccessPeer(&can, i, j) != cudaSuccess) {
+          can = 0;
+          cudaGetLastError();
+        }
+        s.peer_access[i][j] = can != 0;
+      }
+    }
     if (previous >= 0) cudaSetDevice(previous);
     cudaGetLastError();
   } catch (const std::exception& e) {

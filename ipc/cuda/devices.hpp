@@ -17,8 +17,13 @@ struct DeviceInfo {
   std::size_t total_memory = 0;     // bytes
   bool unified_addressing = false;  // host and device share one address space (needed for IPC)
   int compute_mode = 0;             // cudaComputeMode: 0 default, 2 prohibited, 3 exclusive-process
-  bool kernel_ok = false;           // a probe kernel ran here and its result read back correctly
-  std::string error;                // why kernel_ok is false; empty when it is true
+  bool integrated = false;          // shares host memory (Tegra, Grace Hopper's iGPU)
+  // cudaIpcGetMemHandle/OpenMemHandle work here: unified addressing on a discrete device (Linux).
+  // Without it, tensors on this device travel by copy.
+  bool legacy_ipc = false;
+  bool ipc_events = false;  // cudaIpcGetEventHandle works (cudaDevAttrIpcEventSupport)
+  bool kernel_ok = false;   // a probe kernel ran here and its result read back correctly
+  std::string error;        // why kernel_ok is false; empty when it is true
 };
 
 struct CudaStatus {
@@ -28,6 +33,9 @@ struct CudaStatus {
   int runtime_version = 0;       // the (static) runtime ferry was built with, same encoding
   std::string error;  // why `devices` is empty, in plain words; empty when there are devices
   std::vector<DeviceInfo> devices;
+  // peer_access[i][j]: device i can map device j's memory (cudaDeviceCanAccessPeer); i == j is
+  // true. Square, one row per device.
+  std::vector<std::vector<bool>> peer_access;
 };
 
 // Reports the driver, the runtime and every visible device, and runs a tiny kernel on each.

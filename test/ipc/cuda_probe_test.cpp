@@ -35,6 +35,12 @@ TEST_CASE("cuda probe returns a consistent status", "[cuda]") {
   CHECK(s.built_with_cuda == kBuiltWithCuda);
   // Either there are devices or there is a reason why not, never both or neither.
   CHECK(s.devices.empty() == !s.error.empty());
+  // One row of the peer-access matrix per device, each as long as there are devices.
+  REQUIRE(s.peer_access.size() == s.devices.size());
+  for (std::size_t i = 0; i < s.peer_access.size(); ++i) {
+    CHECK(s.peer_access[i].size() == s.devices.size());
+    CHECK(s.peer_access[i][i]);
+  }
   if (s.built_with_cuda) {
     CHECK(s.runtime_version >= 13000);
   } else {
