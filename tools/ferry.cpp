@@ -23,6 +23,8 @@
 #include <sstream>
 #include <thread>
 
+#include "ipc/log.hpp"
+#include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
 #include "runtime/ferry.hpp"
 #include "workers/builtin_tasks.hpp"
@@ -160,6 +162,31 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_;
 };
 
+// The checks of `ferry-shm check` (the CUDA probe aside: it would stop this process forking),
+// so a job that cannot work stops here, with the number that is wrong and the remedy, instead of
+// failing later inside a worker.
+void check_shared_memory(unsigned workers) {
+  ferry::ShmCheckOptions options;
+  options.workers = workers;
+  const ferry::ShmReport report = ferry::check_shm(options);
+  std::string failures;
+  for (const auto& item : report.items) {
+    if (item.verdict == ferry::Verdict::ok) continue;
+    const std::string line =
+        item.name + ": " + item.summary + (item.remedy.empty() ? "" : "; " + item.remedy);
+    if (item.verdict == ferry::Verdict::fail) {
+      failures += "\n  " + line;
+    } else {
+      ferry::log().info("shared-memory check: {}", line);
+    }
+  }
+  if (!failures.empty()) {
+    throw ferry::Error(
+        ferry::Errc::shm_exhausted,
+        "shared memory will not hold this job (ferry-shm check tells more):" + failures);
+  }
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -211,6 +238,7 @@ int run(const RunArgs& a) {
   sigaddset(&stop_signals, SIGUSR1);  // how run() releases the signal thread at the end
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  check_shared_memory(static_cast<unsigned>(o.devices.size()));
   std::optional<ferry::Pool> pool;
   try {
     pool.emplace(o);

@@ -247,6 +247,19 @@ TEST_CASE("bad arguments and inputs are exit code 2 with the bad value named") {
   CHECK_THAT(r.err, Catch::Contains("torch.save"));
 }
 
+TEST_CASE("ferry run checks shared memory first: a /dev/shm too small stops it with the remedy") {
+  TempDir dir;
+  ferry::test::in_child([&] {
+    ferry::test::private_tmpfs(16 << 20);  // a container's small /dev/shm, in this child only
+    const Ran r = run(dir, "run --workers 2 --batches 5");
+    if (r.code != 3 || r.err.find("shm_reserve") == std::string::npos ||
+        r.err.find("--shm-size") == std::string::npos) {
+      std::fprintf(stderr, "code %d, stderr:\n%s\n", r.code, r.err.c_str());
+      ::_exit(1);
+    }
+  });
+}
+
 TEST_CASE("ferry run --help explains each flag and the exit codes") {
   TempDir dir;
   const Ran r = run(dir, "run --help");
