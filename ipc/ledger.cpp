@@ -148,6 +148,12 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
   for (std::size_t i = 0; i < outstanding_.size();) {
     const std::uint32_t slot = outstanding_[i];
     const Local& l = local_[slot];
+    // Whether the message left its queue is read BEFORE the slot: a receiver claims inside the
+    // pop's critical section, before the head store that commits it, so once the pop is seen
+    // the slot word read after it is final. Read the other way round, a claim landing between
+    // the two reads made a just-claimed lease look discarded, and its block was reused under
+    // the receiver.
+    const bool consumed = l.channel && l.channel->consumed(l.seq);
     const std::uint64_t w = slots()[slot].load(std::memory_order_acquire);
     bool end = false;
     bool lost = false;
@@ -157,11 +163,11 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
         break;
       case kInFlight:
         // Consumed yet never claimed: the message was discarded, nobody will claim it.
-        end = l.channel && l.channel->consumed(l.seq);
+        end = consumed;
         break;
       case kHeld:
         // Only once the message has left the queue: before that, the next consumer re-claims it.
-        if (check_dead && l.channel && l.channel->consumed(l.seq)) {
+        if (check_dead && consumed) {
           const pid_t holder = holder_of(w);
           auto it = alive.find(holder);
           if (it == alive.end()) it = alive.emplace(holder, process_alive(holder)).first;
