@@ -63,7 +63,7 @@ TEST_CASE("map of 10000 tasks with random per-task delays returns every result i
   const std::vector<Tensors> out = pool.map("sleep_echo", inputs);
   REQUIRE(out.size() == inputs.size());
   for (int i = 0; i < 10000; ++i) {
-    INFO("result " << i);
+    INFO("result " << i << ": " << out[i][0]);
     REQUIRE(out[i].size() == 1);
     REQUIRE(out[i][0].equal(at::full({4}, i, at::kLong)));
   }

@@ -123,7 +123,7 @@ TEST_CASE("ferry run --json gives the summary as one document") {
   CHECK(tasks == 30);
 }
 
-TEST_CASE("--input and --output round-trip files of Python's torch.save and torch.load") {
+TEST_CASE("input and output files round-trip with Python's torch.save and torch.load") {
   if (!have_python_torch()) {
     WARN("SKIP: " << kPython << " has no torch (apt-get install python3-torch)");
     return;
