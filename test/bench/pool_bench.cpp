@@ -80,11 +80,10 @@ double mlp_rate(const Config& cfg, int workers) {
 
 json python_peer(const Config& cfg) {
   if (::access(cfg.python.c_str(), X_OK) != 0) return {{"skipped", cfg.python + " not found"}};
-  const std::string cmd = cfg.python + " '" + cfg.peer + "' --round-trips " +
-                          std::to_string(cfg.round_trips) + " --batches " +
-                          std::to_string(cfg.batches) + " --batch-size " +
-                          std::to_string(cfg.batch_size) + " --repeats " +
-                          std::to_string(cfg.repeats);
+  const std::string cmd =
+      cfg.python + " '" + cfg.peer + "' --round-trips " + std::to_string(cfg.round_trips) +
+      " --batches " + std::to_string(cfg.batches) + " --batch-size " +
+      std::to_string(cfg.batch_size) + " --repeats " + std::to_string(cfg.repeats);
   std::string out;
   FILE* p = ::popen(cmd.c_str(), "r");
   char buf[4096];
