@@ -158,6 +158,7 @@ std::string find_worker_executable(const std::string& requested) {
     if (!g_library_dir.empty()) {
       tried.push_back(g_library_dir + "/ferry-worker");
       tried.push_back(g_library_dir + "/../bin/ferry-worker");
+      tried.push_back(g_library_dir + "/../../bin/ferry-worker");  // lib/<multiarch>/ on Debian
     }
   }
   if (std::string self = self_dir(); !self.empty()) tried.push_back(self + "/ferry-worker");
