@@ -34,7 +34,23 @@ std::string hex32(std::uint32_t v) {
   return buf;
 }
 
-constexpr std::uint32_t kKnownFlags = kFlagCopied | kFlagEmptyMessage;
+constexpr std::uint32_t kKnownFlags = kFlagCopied | kFlagEmptyMessage | kFlagToDevice;
+
+bool all_zero(const std::uint8_t* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+// The CUDA section must be all zero in a record that is not a CUDA tensor: one byte pattern
+// per tensor, as for unused dims.
+bool cuda_section_zero(const Record& r) {
+  return all_zero(r.mem_handle, sizeof r.mem_handle) && r.cuda_base == 0 && r.cuda_buffer_id == 0 &&
+         all_zero(r.event_handle, sizeof r.event_handle) && r.event_slot == 0 &&
+         r.event_reserved == 0 && r.owner_pid_ns == 0 &&
+         all_zero(r.owner_boot_id, sizeof r.owner_boot_id);
+}
 
 }  // namespace
 
@@ -201,14 +217,28 @@ std::string validate(const Record& r) {
   }
   switch (static_cast<DeviceType>(r.device_type)) {
     case DeviceType::cpu:
-      if (r.device_index != -1 && r.device_index != 0) {
+      if (r.flags & kFlagToDevice) {
+        if (r.device_index < 0) {
+          return "device_index " + i64(r.device_index) +
+                 " for a tensor staged to a cuda device (expected >= 0)";
+        }
+      } else if (r.device_index != -1 && r.device_index != 0) {
         return "device_index " + i64(r.device_index) + " for a cpu tensor (expected -1 or 0)";
       }
+      if (!cuda_section_zero(r)) return "CUDA section is not zero in a cpu record";
       break;
     case DeviceType::cuda:
       if (r.device_index < 0) {
         return "device_index " + i64(r.device_index) + " for a cuda tensor (expected >= 0)";
       }
+      if (r.flags & (kFlagToDevice | kFlagEmptyMessage)) {
+        return "flags " + hex32(r.flags) + " on a cuda record (staged and empty are cpu records)";
+      }
+      if (r.segment_seq != 0) {
+        return "segment_seq " + u64(r.segment_seq) + " on a cuda record (expected 0)";
+      }
+      if (r.cuda_base == 0) return "cuda_base is 0 on a cuda record";
+      if (r.event_reserved != 0) return "event_reserved is " + u64(r.event_reserved);
       break;
     default:
       return "unknown device_type " + u64(r.device_type) + " (expected 0 = cpu or 1 = cuda)";

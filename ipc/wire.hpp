@@ -13,7 +13,7 @@
 namespace ferry::wire {
 
 inline constexpr std::uint32_t kMagic = 0x59525246;  // "FRRY"
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;         // 2: the CUDA section
 inline constexpr int kMaxDims = 12;
 
 // Stable dtype codes. Never renumber: they are on the wire.
@@ -48,6 +48,15 @@ enum class DeviceType : std::uint8_t { cpu = 0, cuda = 1 };
 // flags
 inline constexpr std::uint32_t kFlagCopied = 1u << 0;        // sender copied it on send
 inline constexpr std::uint32_t kFlagEmptyMessage = 1u << 1;  // a message of no tensors
+// A CUDA tensor staged through shared memory (copy-on-send through the CPU transport): the
+// record describes host bytes, and the receiver moves them to the device named by device_uuid.
+inline constexpr std::uint32_t kFlagToDevice = 1u << 2;
+
+// event_slot of a CUDA record whose sender synchronised its stream instead of recording an
+// event (its event pool was exhausted).
+inline constexpr std::uint32_t kNoEvent = 0xffffffffu;
+// The segment number under which an owner publishes its CUDA lease ledger.
+inline constexpr std::uint32_t kCudaLedgerSeq = 0xfffffffeu;
 
 struct Record {
   std::uint32_t magic;
@@ -62,7 +71,9 @@ struct Record {
   std::uint8_t reserved[2];
   std::uint8_t device_uuid[16];  // CUDA device UUID; zero for CPU
 
-  // Where the bytes are: a block of the owner's segment.
+  // Where the bytes are: a block of the owner's segment. For a CUDA tensor the "segment" is the
+  // owner's cudaMalloc allocation: segment_seq is 0, segment_size the allocation's length, and
+  // block_offset where the storage starts in it; the lease is in the owner's CUDA ledger.
   std::uint64_t owner_token;  // the owner process's random token (see process_token())
   std::int32_t owner_pid;
   std::uint32_t segment_seq;  // which of the owner's segments (0 is the owner's lease ledger)
@@ -78,6 +89,16 @@ struct Record {
   std::int64_t storage_offset;
   std::int64_t sizes[kMaxDims];
   std::int64_t strides[kMaxDims];
+
+  // CUDA section (device_type == cuda; all zero otherwise).
+  std::uint8_t mem_handle[64];    // cudaIpcMemHandle_t of the allocation
+  std::uint64_t cuda_base;        // the allocation's address in the owner
+  std::uint64_t cuda_buffer_id;   // the allocation's buffer id in the owner (never reused)
+  std::uint8_t event_handle[64];  // cudaIpcEventHandle_t to wait on before reading
+  std::uint32_t event_slot;       // the event's index in the owner's pool, or kNoEvent
+  std::uint32_t event_reserved;
+  std::uint64_t owner_pid_ns;      // with owner_pid and owner_boot_id: the owner's identity
+  std::uint8_t owner_boot_id[16];  // as the import cache keys it
 };
 static_assert(sizeof(Record) % 8 == 0, "records are copied in 8-byte words");
 
@@ -89,8 +110,9 @@ Record make_record() noexcept;
 // overflow. Returns "" when valid, else a message naming the bad field and its value.
 std::string validate(const Record& r);
 
-// Checks the location against the segment the receiver mapped: its size matches segment_size
-// and the block lies inside it without overflow. Returns "" when valid.
+// Checks the location against the segment the receiver mapped (for a CUDA tensor: the
+// allocation it opened): its size matches segment_size and the block lies inside it without
+// overflow. Returns "" when valid.
 std::string validate_location(const Record& r, std::size_t mapped_size);
 
 // Bytes from the storage start to one past the view's last element (0 for an empty tensor),

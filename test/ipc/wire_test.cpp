@@ -188,6 +188,8 @@ TEST_CASE("valid records of several shapes pass", "[wire]") {
     r.device_index = 0;
     CHECK(validate(r) == "");
     r.device_type = static_cast<std::uint8_t>(DeviceType::cuda);
+    r.segment_seq = 0;  // a CUDA record names an allocation instead
+    r.cuda_base = 0x7f0000000000;
     r.device_index = 3;
     CHECK(validate(r) == "");
     r.device_index = 0;
@@ -221,8 +223,8 @@ TEST_CASE("each kind of corruption is rejected with a message naming the field",
     CHECK_THAT(validate(r), Contains("magic 0x12345678"));
   }
   SECTION("version, saying which was expected") {
-    r.version = 2;
-    CHECK_THAT(validate(r), Contains("version 2") && Contains("supported version 1"));
+    r.version = 1;  // before the CUDA section
+    CHECK_THAT(validate(r), Contains("version 1") && Contains("supported version 2"));
     r.version = 0;
     CHECK_THAT(validate(r), Contains("version 0"));
   }
@@ -317,6 +319,60 @@ TEST_CASE("each kind of corruption is rejected with a message naming the field",
   SECTION("a larger stride pushes the view out of the block") {
     r.strides[0] = 5;
     CHECK_THAT(validate(r), Contains("exceeds block_length"));
+  }
+}
+
+TEST_CASE("cuda records: the CUDA section is checked, and must be zero elsewhere", "[wire]") {
+  Record r = matrix();
+  r.device_type = static_cast<std::uint8_t>(DeviceType::cuda);
+  r.device_index = 0;
+  r.cuda_base = 0x7f0000000000;
+  r.cuda_buffer_id = 42;
+  r.event_slot = 3;
+  r.segment_seq = 0;
+  REQUIRE(validate(r) == "");
+
+  SECTION("no allocation address") {
+    r.cuda_base = 0;
+    CHECK(validate(r) == "cuda_base is 0 on a cuda record");
+  }
+  SECTION("a segment number, which only cpu records use") {
+    r.segment_seq = 4;
+    CHECK_THAT(validate(r), Contains("segment_seq 4"));
+  }
+  SECTION("staged and empty-message flags belong to cpu records") {
+    r.flags = kFlagToDevice;
+    CHECK_THAT(validate(r), Contains("on a cuda record"));
+  }
+  SECTION("reserved bits") {
+    r.event_reserved = 1;
+    CHECK(validate(r) == "event_reserved is 1");
+  }
+  SECTION("a cpu record with any CUDA byte set") {
+    Record c = matrix();
+    c.mem_handle[63] = 1;
+    CHECK(validate(c) == "CUDA section is not zero in a cpu record");
+    c = matrix();
+    c.owner_boot_id[0] = 1;
+    CHECK(validate(c) == "CUDA section is not zero in a cpu record");
+  }
+  SECTION("a staged cuda tensor names its device; a plain cpu one may not") {
+    Record c = matrix();
+    c.flags = kFlagToDevice;
+    c.device_index = 3;
+    CHECK(validate(c) == "");
+    c.device_index = -1;
+    CHECK_THAT(validate(c), Contains("staged to a cuda device"));
+    c.flags = 0;
+    c.device_index = 3;
+    CHECK_THAT(validate(c), Contains("expected -1 or 0"));
+  }
+  SECTION("the opened allocation bounds the view like a segment does") {
+    r.segment_size = 4096;
+    r.block_offset = 4000;
+    r.block_length = 200;
+    CHECK_THAT(validate_location(r, 4096), Contains("exceeds the mapped size 4096"));
+    CHECK_THAT(validate_location(r, 8192), Contains("does not match the mapped size"));
   }
 }
 

@@ -64,7 +64,20 @@ int main(int argc, char** argv) {
   cuda.msg_count = 3;
   cuda.msg_index = 2;
   cuda.flags = kFlagCopied;
+  cuda.segment_seq = 0;  // a CUDA record names an allocation, not a segment
+  cuda.cuda_base = 0x7f0000000000;
+  cuda.cuda_buffer_id = 7;
+  cuda.mem_handle[0] = 0x11;
+  cuda.event_handle[0] = 0x22;
+  cuda.event_slot = 5;
+  cuda.owner_pid_ns = 4026531836;
+  cuda.owner_boot_id[15] = 0x33;
   seeds.emplace_back("cuda", cuda);
+  Record staged = view(DType::float32, {4}, {1}, 0, 0);
+  staged.flags = kFlagCopied | kFlagToDevice;
+  staged.device_index = 0;
+  staged.device_uuid[0] = 0xab;
+  seeds.emplace_back("cuda_staged", staged);
   Record none = make_record();
   none.flags = kFlagEmptyMessage;
   none.segment_size = 4096;
