@@ -206,6 +206,10 @@ std::size_t Ledger::in_flight() const {
   return n;
 }
 
+bool Ledger::unclaimed(const Lease& lease) const noexcept {
+  return slots()[lease.slot].load(std::memory_order_acquire) == word(kInFlight, lease.gen, 0);
+}
+
 bool Ledger::claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me) {
   auto* s = peer_slot(ledger, slot);
   if (!s) return false;

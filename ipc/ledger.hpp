@@ -56,6 +56,8 @@ class Ledger {
   std::size_t outstanding() const;
   // Leases sent but not yet claimed by any receiver.
   std::size_t in_flight() const;
+  // True while this lease is sent and not yet claimed (one atomic load, no lock).
+  bool unclaimed(const Lease& lease) const noexcept;
 
   // Receiver side, on a peer's mapped ledger segment. claim() moves an IN_FLIGHT lease (or one
   // HELD by a consumer that died before its pop committed) to HELD by `me`; false when the slot

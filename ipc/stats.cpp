@@ -12,6 +12,16 @@ const char* copy_reason_name(CopyReason r) noexcept {
       return "foreign_arena";
     case CopyReason::detached:
       return "detached";
+    case CopyReason::same_process:
+      return "same_process";
+    case CopyReason::not_exportable:
+      return "not_exportable";
+    case CopyReason::peer_cannot_open:
+      return "peer_cannot_open";
+    case CopyReason::cpu_receiver:
+      return "cpu_receiver";
+    case CopyReason::ledger_full:
+      return "ledger_full";
     case CopyReason::count_:
       break;
   }
@@ -44,6 +54,16 @@ TransportStats transport_stats() noexcept {
   s.segments_mapped = ld(c.segments_mapped);
   s.fds_fetched = ld(c.fds_fetched);
   s.leases_reclaimed = ld(c.leases_reclaimed);
+  s.cuda_tensors_zero_copy = ld(c.cuda_tensors_zero_copy);
+  s.cuda_bytes_zero_copy = ld(c.cuda_bytes_zero_copy);
+  s.cuda_handles_exported = ld(c.cuda_handles_exported);
+  s.cuda_handles_opened = ld(c.cuda_handles_opened);
+  s.cuda_handle_cache_hits = ld(c.cuda_handle_cache_hits);
+  s.cuda_handles_closed = ld(c.cuda_handles_closed);
+  s.cuda_stale_entries = ld(c.cuda_stale_entries);
+  s.cuda_events_recorded = ld(c.cuda_events_recorded);
+  s.cuda_event_pool_syncs = ld(c.cuda_event_pool_syncs);
+  s.cuda_peer_deaths = ld(c.cuda_peer_deaths);
   return s;
 }
 

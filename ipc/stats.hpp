@@ -13,6 +13,12 @@ enum class CopyReason : std::uint8_t {
   received,       // the tensor was itself received from a peer (forwarding copies)
   foreign_arena,  // its block belongs to another process's arena (inherited across fork)
   detached,       // the caller asked for a detached send
+  // CUDA tensors (ipc/cuda/send_policy.hpp):
+  same_process,      // the receiver is the sending process itself
+  not_exportable,    // managed, stream-ordered pool, VMM or host memory, or a device without IPC
+  peer_cannot_open,  // the receiver cannot open the block (other device, already open elsewhere)
+  cpu_receiver,      // the receiver cannot use CUDA: the tensor arrives on the CPU
+  ledger_full,       // every CUDA lease slot is in use: sent through the CPU transport
   count_,
 };
 const char* copy_reason_name(CopyReason r) noexcept;
@@ -27,6 +33,16 @@ struct TransportStats {
   std::uint64_t segments_mapped = 0;   // peers' segments mapped here (each at most once)
   std::uint64_t fds_fetched = 0;       // segment fds received by SCM_RIGHTS
   std::uint64_t leases_reclaimed = 0;  // leases taken back from receivers that died
+  // CUDA IPC (runtime/cuda_transport.hpp).
+  std::uint64_t cuda_tensors_zero_copy = 0, cuda_bytes_zero_copy = 0;
+  std::uint64_t cuda_handles_exported = 0;   // cudaIpcGetMemHandle calls (once per block)
+  std::uint64_t cuda_handles_opened = 0;     // cudaIpcOpenMemHandle calls (once per block and peer)
+  std::uint64_t cuda_handle_cache_hits = 0;  // received tensors that reused an open block
+  std::uint64_t cuda_handles_closed = 0;
+  std::uint64_t cuda_stale_entries = 0;  // import-cache entries dropped for address reuse
+  std::uint64_t cuda_events_recorded = 0;
+  std::uint64_t cuda_event_pool_syncs = 0;  // sends that synchronised their stream: pool empty
+  std::uint64_t cuda_peer_deaths = 0;       // senders that died while this process held views
 };
 
 // A snapshot of this process's counters.
@@ -41,6 +57,11 @@ struct StatCounters {
   std::atomic<std::uint64_t> tensors_received{0}, bytes_received{0};
   std::atomic<std::uint64_t> segments_created{0}, segments_mapped{0}, fds_fetched{0};
   std::atomic<std::uint64_t> leases_reclaimed{0};
+  std::atomic<std::uint64_t> cuda_tensors_zero_copy{0}, cuda_bytes_zero_copy{0};
+  std::atomic<std::uint64_t> cuda_handles_exported{0}, cuda_handles_opened{0};
+  std::atomic<std::uint64_t> cuda_handle_cache_hits{0}, cuda_handles_closed{0};
+  std::atomic<std::uint64_t> cuda_stale_entries{0}, cuda_events_recorded{0};
+  std::atomic<std::uint64_t> cuda_event_pool_syncs{0}, cuda_peer_deaths{0};
 };
 StatCounters& counters() noexcept;
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
