@@ -1,0 +1,233 @@
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "ipc/cuda/ipc_api.hpp"
+
+namespace ferry::cuda {
+namespace {
+
+Status fail(const char* call, cudaError_t err) {
+  if (err == cudaSuccess) return {};
+  // Clear the sticky "last error" so one failed open does not show up in the next unrelated call.
+  (void)cudaGetLastError();
+  return {static_cast<int>(err),
+          std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")"};
+}
+
+Status fail_driver(const char* call, CUresult r) {
+  if (r == CUDA_SUCCESS) return {};
+  return {static_cast<int>(cudaErrorUnknown),
+          std::string(call) + " failed with CUresult " + std::to_string(static_cast<int>(r))};
+}
+
+using PointerGetAttributesFn = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+
+// The driver's entry point, looked up once through the runtime; null without a driver.
+PointerGetAttributesFn pointer_get_attributes() {
+  static PointerGetAttributesFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PointerGetAttributesFn>(nullptr);
+    }
+    return reinterpret_cast<PointerGetAttributesFn>(p);
+  }();
+  return fn;
+}
+
+// Runs `f` with `device` current, restoring the caller's device after.
+template <class F>
+Status on_device(int device, F f) {
+  int previous = 0;
+  if (cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess) return fail("cudaGetDevice", e);
+  if (previous != device) {
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return fail("cudaSetDevice", e);
+  }
+  Status s = f();
+  if (previous != device) (void)cudaSetDevice(previous);
+  return s;
+}
+
+}  // namespace
+
+bool Status::already_mapped() const noexcept {
+  return code == static_cast<int>(cudaErrorAlreadyMapped);
+}
+
+bool available() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+Status block_of(const void* ptr, BlockInfo* out) noexcept {
+  *out = BlockInfo{};
+  PointerGetAttributesFn get = pointer_get_attributes();
+  if (get == nullptr) return {static_cast<int>(cudaErrorNoDevice), "no CUDA driver entry point"};
+  CUpointer_attribute attrs[] = {
+      CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+      CU_POINTER_ATTRIBUTE_BUFFER_ID,        CU_POINTER_ATTRIBUTE_IS_MANAGED,
+      CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+  };
+  unsigned memory_type = 0;
+  int ordinal = -1;
+  CUdeviceptr start = 0;
+  std::size_t size = 0;
+  unsigned long long buffer_id = 0;
+  unsigned managed = 0;
+  void* mempool = nullptr;
+  unsigned legacy = 0;
+  void* values[] = {&memory_type, &ordinal, &start, &size, &buffer_id, &managed, &mempool, &legacy};
+  CUresult r =
+      get(sizeof attrs / sizeof attrs[0], attrs, values, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) return fail_driver("cuPointerGetAttributes", r);
+  out->device = ordinal;
+  out->base = static_cast<std::uintptr_t>(start);
+  out->size = size;
+  out->buffer_id = buffer_id;
+  out->legacy_ipc = legacy != 0;
+  if (managed) {
+    out->kind = MemoryKind::managed;
+  } else if (memory_type == CU_MEMORYTYPE_HOST) {
+    out->kind = MemoryKind::host;
+  } else if (memory_type != CU_MEMORYTYPE_DEVICE) {
+    out->kind = MemoryKind::unknown;
+  } else if (mempool != nullptr) {
+    out->kind = MemoryKind::pool;
+  } else if (!legacy) {
+    out->kind = MemoryKind::vmm;
+  } else {
+    out->kind = MemoryKind::device;
+  }
+  return {};
+}
+
+Status device_uuid(int device, Uuid* out) noexcept {
+  cudaDeviceProp p{};
+  if (cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) {
+    return fail("cudaGetDeviceProperties", e);
+  }
+  std::memcpy(out->data(), p.uuid.bytes, out->size());
+  return {};
+}
+
+int device_with_uuid(const Uuid& uuid) noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  for (int d = 0; d < n; ++d) {
+    Uuid u{};
+    if (device_uuid(d, &u).ok() && u == uuid) return d;
+  }
+  return -1;
+}
+
+bool can_access_peer(int from, int to) noexcept {
+  if (from == to) return true;
+  int ok = 0;
+  if (cudaDeviceCanAccessPeer(&ok, from, to) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return ok != 0;
+}
+
+Status get_mem_handle(int device, std::uintptr_t base, IpcHandle* out) noexcept {
+  return on_device(device, [&] {
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    if (e == cudaSuccess) std::memcpy(out->data(), &h, out->size());
+    return fail("cudaIpcGetMemHandle", e);
+  });
+}
+
+Status open_mem_handle(int device, const IpcHandle& handle, void** out,
+                       std::size_t* size_out) noexcept {
+  return on_device(device, [&] {
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof h);
+    cudaError_t e = cudaIpcOpenMemHandle(out, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) return fail("cudaIpcOpenMemHandle", e);
+    BlockInfo info;
+    Status s = block_of(*out, &info);
+    *size_out = s.ok() ? info.size : 0;
+    return Status{};
+  });
+}
+
+Status close_mem_handle(int device, void* ptr) noexcept {
+  return on_device(device, [&] {
+    // Views may have been used on any stream of this process: wait for all of them before the
+    // mapping goes, so no kernel reads a block its owner is about to reuse.
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+      return fail("cudaDeviceSynchronize", e);
+    }
+    return fail("cudaIpcCloseMemHandle", cudaIpcCloseMemHandle(ptr));
+  });
+}
+
+Status create_ipc_event(int device, void** event, IpcHandle* handle) noexcept {
+  return on_device(device, [&] {
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming);
+    if (e != cudaSuccess) return fail("cudaEventCreateWithFlags", e);
+    cudaIpcEventHandle_t h;
+    e = cudaIpcGetEventHandle(&h, ev);
+    if (e != cudaSuccess) {
+      (void)cudaEventDestroy(ev);
+      return fail("cudaIpcGetEventHandle", e);
+    }
+    std::memcpy(handle->data(), &h, handle->size());
+    *event = ev;
+    return Status{};
+  });
+}
+
+Status open_event_handle(int device, const IpcHandle& handle, void** event) noexcept {
+  return on_device(device, [&] {
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof h);
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaIpcOpenEventHandle(&ev, h);
+    if (e == cudaSuccess) *event = ev;
+    return fail("cudaIpcOpenEventHandle", e);
+  });
+}
+
+Status destroy_event(int device, void* event) noexcept {
+  return on_device(device, [&] {
+    return fail("cudaEventDestroy", cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+  });
+}
+
+Status record_event(void* event, void* stream) noexcept {
+  return fail("cudaEventRecord",
+              cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+Status stream_wait_event(void* stream, void* event) noexcept {
+  return fail("cudaStreamWaitEvent", cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                                         static_cast<cudaEvent_t>(event), 0));
+}
+
+Status stream_synchronize(void* stream) noexcept {
+  return fail("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+Status synchronize_device(int device) noexcept {
+  return on_device(device, [] { return fail("cudaDeviceSynchronize", cudaDeviceSynchronize()); });
+}
+
+}  // namespace ferry::cuda
