@@ -3,6 +3,7 @@
 
 #include "ipc/error.hpp"              // ferry::Error, ferry::Errc
 #include "ipc/stats.hpp"              // ferry::transport_stats()
+#include "runtime/cuda_ipc.hpp"       // ferry::source_alive(), ferry::notify_peer_exit()
 #include "runtime/pool.hpp"           // ferry::Pool, ferry::TaskError
 #include "runtime/shared_tensor.hpp"  // ferry::empty_shared(), ferry::arena_stats()
 #include "runtime/tensor_queue.hpp"   // ferry::TensorQueue

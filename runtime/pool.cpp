@@ -20,6 +20,7 @@
 #include "ipc/control_socket.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
+#include "runtime/cuda_ipc.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/worker_protocol.hpp"
 
@@ -125,10 +126,6 @@ struct Pool::State {
                   "task '" + name + "' was given " + std::to_string(inputs.size()) +
                       " tensors; a task takes at most " +
                       std::to_string(protocol::kMaxTensorsPerTask) + " (stack or batch them)");
-    }
-    // Until CUDA IPC lands, device tensors travel through the CPU transport.
-    for (auto& t : inputs) {
-      if (t.defined() && !t.device().is_cpu()) t = t.cpu();
     }
     auto task = std::make_shared<Task>();
     task->name = name;
@@ -400,6 +397,8 @@ struct Pool::State {
       }
     }
 
+    // CUDA inputs go to this worker by IPC when it can open them, else through shared memory.
+    tasks_q.set_receiver(w.pid, s.device == "cpu" ? -1 : std::stoi(s.device.substr(5)));
     std::lock_guard<std::mutex> lock(mu);
     s.pid = w.pid;
     s.pidfd = std::move(w.pidfd);
@@ -435,6 +434,8 @@ struct Pool::State {
     // Results that arrived before the death are real: deliver them before retrying anything.
     if (results_q) results_q->close();
     if (s.collector.joinable()) s.collector.join();
+    // Views on the worker's CUDA results are marked now rather than at the next liveness check.
+    notify_peer_exit(s.pid);
 
     std::vector<std::shared_ptr<Task>> lost, retry;
     {

@@ -37,20 +37,20 @@ void received_deleter(void* ctx) {
   delete c;
 }
 
-at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFnPtr deleter,
-                       at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
-                       std::int64_t storage_offset) {
-  c10::DataPtr data(base, ctx, deleter, c10::Device(c10::kCPU));
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), nullptr, false);
-  return at::empty({0}, at::TensorOptions().dtype(dtype))
-      .set_(std::move(storage), storage_offset, sizes, strides);
-}
-
 std::string where(std::size_t index) {
   return "tensor " + std::to_string(index) + " of the message";
 }
 
 }  // namespace
+
+at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFnPtr deleter,
+                       c10::Device device, at::ScalarType dtype, at::IntArrayRef sizes,
+                       at::IntArrayRef strides, std::int64_t storage_offset) {
+  c10::DataPtr data(base, ctx, deleter, device);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), nullptr, false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(device))
+      .set_(std::move(storage), storage_offset, sizes, strides);
+}
 
 at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
                              at::ScalarType dtype, std::size_t storage_bytes) {
@@ -58,7 +58,8 @@ at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRe
   std::shared_ptr<BlockHandle> handle(new BlockHandle{&arena, arena.allocate(storage_bytes)});
   void* base = handle->block.data;
   auto* ctx = new OwnedContext{std::move(handle)};
-  return tensor_over(base, storage_bytes, ctx, &owned_deleter, dtype, sizes, strides, 0);
+  return tensor_over(base, storage_bytes, ctx, &owned_deleter, c10::Device(c10::kCPU), dtype, sizes,
+                     strides, 0);
 }
 
 at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t) {
@@ -90,11 +91,11 @@ bool is_received(const at::Tensor& t) {
          t.storage().data_ptr().get_deleter() == &received_deleter;
 }
 
-Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detached) {
+void check_sendable(const at::Tensor& t, std::size_t index) {
   if (!t.defined()) throw Error(Errc::invalid_argument, where(index) + " is undefined");
-  if (!t.device().is_cpu()) {
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
     throw Error(Errc::invalid_argument, where(index) + " is on " + t.device().str() +
-                                            "; this queue carries CPU tensors: send t.cpu()");
+                                            "; ferry carries CPU and CUDA tensors: send t.cpu()");
   }
   if (t.layout() != at::kStrided) {
     throw Error(Errc::invalid_argument,
@@ -105,32 +106,24 @@ Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detac
                                             " dimensions, more than ferry's limit of " +
                                             std::to_string(wire::kMaxDims) + "; reshape it");
   }
-  const std::uint8_t code = to_wire_dtype(t.scalar_type());
+}
 
-  std::shared_ptr<BlockHandle> block = detached ? nullptr : arena_block_of(t);
-  at::Tensor shared = t;
-  auto& c = counters();
-  if (block) {
-    bump(c.tensors_zero_copy);
-    bump(c.bytes_zero_copy, t.nbytes());
-  } else {
-    CopyReason reason = detached         ? CopyReason::detached
-                        : is_received(t) ? CopyReason::received
-                        : t.has_storage() && t.storage().data_ptr().get_deleter() == &owned_deleter
-                            ? CopyReason::foreign_arena
-                            : CopyReason::not_shared;
-    shared = copy_to_arena(arena, t);
-    block = arena_block_of(shared);
-    bump(c.tensors_copied);
-    bump(c.bytes_copied, t.nbytes());
-    bump(c.copies_by_reason[static_cast<int>(reason)]);
+void describe_view(const at::Tensor& t, wire::Record& r) {
+  r.dtype = to_wire_dtype(t.scalar_type());
+  r.rank = static_cast<std::uint8_t>(t.dim());
+  r.block_length = t.storage().nbytes();
+  r.storage_offset = t.storage_offset();
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    r.sizes[d] = t.size(d);
+    r.strides[d] = t.stride(d);
   }
+}
 
+Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle> block,
+                           Arena& arena) {
   Outgoing out{wire::make_record(), {}};
   wire::Record& r = out.record;
-  r.dtype = code;
-  r.rank = static_cast<std::uint8_t>(shared.dim());
-  r.flags = shared.is_same(t) ? 0 : wire::kFlagCopied;
+  describe_view(shared, r);
   r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cpu);
   r.device_index = -1;
   r.owner_token = process_token();
@@ -138,15 +131,37 @@ Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detac
   r.segment_seq = block->block.segment_seq;
   r.segment_size = arena.segment(block->block.segment_seq)->size();
   r.block_offset = block->block.offset;
-  r.block_length = shared.storage().nbytes();
-  r.storage_offset = shared.storage_offset();
-  for (std::int64_t d = 0; d < shared.dim(); ++d) {
-    r.sizes[d] = shared.size(d);
-    r.strides[d] = shared.stride(d);
-  }
   out.lease = arena.ledger().acquire(std::move(block));
   r.lease_slot = out.lease.slot;
   r.lease_gen = out.lease.gen;
+  return out;
+}
+
+void count_copy(CopyReason reason, std::size_t bytes) {
+  auto& c = counters();
+  bump(c.tensors_copied);
+  bump(c.bytes_copied, bytes);
+  bump(c.copies_by_reason[static_cast<int>(reason)]);
+}
+
+Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detached) {
+  check_sendable(t, index);
+  std::shared_ptr<BlockHandle> block = detached ? nullptr : arena_block_of(t);
+  if (block) {
+    bump(counters().tensors_zero_copy);
+    bump(counters().bytes_zero_copy, t.nbytes());
+    return describe_in_arena(t, std::move(block), arena);
+  }
+  const CopyReason reason =
+      detached         ? CopyReason::detached
+      : is_received(t) ? CopyReason::received
+      : t.has_storage() && t.storage().data_ptr().get_deleter() == &owned_deleter
+          ? CopyReason::foreign_arena
+          : CopyReason::not_shared;
+  at::Tensor shared = copy_to_arena(arena, t);
+  count_copy(reason, t.nbytes());
+  Outgoing out = describe_in_arena(shared, arena_block_of(shared), arena);
+  out.record.flags = wire::kFlagCopied;
   return out;
 }
 
@@ -158,8 +173,8 @@ at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
       new ReceivedContext{std::move(data), std::move(ledger), r.lease_slot, r.lease_gen, holder};
   const at::IntArrayRef sizes(r.sizes, r.rank);
   const at::IntArrayRef strides(r.strides, r.rank);
-  return tensor_over(base, r.block_length, ctx, &received_deleter, dtype, sizes, strides,
-                     r.storage_offset);
+  return tensor_over(base, r.block_length, ctx, &received_deleter, c10::Device(c10::kCPU), dtype,
+                     sizes, strides, r.storage_offset);
 }
 
 }  // namespace ferry::detail

@@ -13,6 +13,7 @@
 
 #include "ipc/arena.hpp"
 #include "ipc/ledger.hpp"
+#include "ipc/stats.hpp"
 #include "ipc/wire.hpp"
 
 namespace ferry {
@@ -31,6 +32,11 @@ struct BlockHandle {
   BlockHandle& operator=(const BlockHandle&) = delete;
 };
 
+// A tensor over `nbytes` at `base` on `device`, whose storage calls deleter(ctx) when it dies.
+at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFnPtr deleter,
+                       c10::Device device, at::ScalarType dtype, at::IntArrayRef sizes,
+                       at::IntArrayRef strides, std::int64_t storage_offset);
+
 // A CPU tensor of the given layout whose storage is a fresh block of `arena`.
 at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
                              at::ScalarType dtype, std::size_t storage_bytes);
@@ -44,14 +50,25 @@ std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t);
 // True when `t`'s storage was received from a peer.
 bool is_received(const at::Tensor& t);
 
-// Describes tensor `index` of a message for sending (copying it first when it cannot be shared
-// in place) and takes a lease on its block. Throws Error(invalid_argument) for tensors that
-// cannot travel, naming the index and the remedy.
+// Throws Error(invalid_argument) for a tensor that cannot travel (undefined, sparse, on a
+// device other than CPU or CUDA, too many dims), naming its index and the remedy.
+void check_sendable(const at::Tensor& t, std::size_t index);
+
 struct Outgoing {
   wire::Record record;
   Ledger::Lease lease;
 };
+// Describes CPU tensor `index` of a message for sending (copying it first when it cannot be
+// shared in place) and takes a lease on its block.
 Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detached);
+
+// The record of arena tensor `shared`, whose storage is `block`, with a lease on the block.
+Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle> block,
+                           Arena& arena);
+// dtype, rank, sizes, strides, storage offset and block_length of `t` into `r`.
+void describe_view(const at::Tensor& t, wire::Record& r);
+// Counts one tensor copied on send, and why.
+void count_copy(CopyReason reason, std::size_t bytes);
 
 // Builds the received tensor for a validated record whose lease `holder` has claimed. The
 // tensor's deleter releases the lease.

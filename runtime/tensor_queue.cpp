@@ -16,6 +16,7 @@
 #include "ipc/segment.hpp"
 #include "ipc/stats.hpp"
 #include "ipc/wire.hpp"
+#include "runtime/cuda_transport.hpp"
 #include "runtime/tensor_codec.hpp"
 
 namespace ferry {
@@ -74,6 +75,10 @@ void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Clai
     c.error = wire::validate(r);
     if (!c.error.empty() || (r.flags & wire::kFlagEmptyMessage)) continue;
     try {
+      if (r.device_type == static_cast<std::uint8_t>(wire::DeviceType::cuda)) {
+        c.ledger = detail::claim_cuda(r, me);
+        continue;
+      }
       auto ledger = map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout);
       if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
         c.error = "lease " + std::to_string(r.lease_slot) + "/" + std::to_string(r.lease_gen) +
@@ -99,10 +104,10 @@ void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Clai
 
 std::size_t flush(std::chrono::milliseconds timeout) {
   Ledger* ledger = Arena::local().existing_ledger();
-  if (!ledger) return 0;
+  auto waiting_now = [&] { return (ledger ? ledger->in_flight() : 0) + detail::cuda_in_flight(); };
   const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
   std::size_t waiting;
-  while ((waiting = ledger->in_flight()) > 0 && Clock::now() < deadline) {
+  while ((waiting = waiting_now()) > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return waiting;
@@ -134,6 +139,16 @@ TensorQueue TensorQueue::attach(int fd) {
 }
 
 void TensorQueue::send(const Tensors& tensors, std::chrono::milliseconds timeout) {
+  send(tensors, SendOptions{false, timeout});
+}
+
+void TensorQueue::set_receiver(pid_t pid, int cuda_device) noexcept {
+  receiver_pid_ = pid;
+  receiver_device_ = cuda_device < 0 ? -1 : cuda_device;
+}
+
+void TensorQueue::send(const Tensors& tensors, const SendOptions& options) {
+  const std::chrono::milliseconds timeout = options.timeout;
   const std::size_t n = std::max<std::size_t>(tensors.size(), 1);
   if (n > channel_->capacity()) {
     throw Error(Errc::invalid_argument, "a message of " + std::to_string(tensors.size()) +
@@ -147,11 +162,12 @@ void TensorQueue::send(const Tensors& tensors, std::chrono::milliseconds timeout
   register_linger_once();
 
   std::vector<wire::Record> records(n);
-  std::vector<Ledger::Lease> leases;
+  std::vector<std::pair<Ledger*, Ledger::Lease>> leases;  // CPU and CUDA leases
   leases.reserve(n);
   auto abandon = [&] {
-    for (const auto& l : leases) ledger.abandon(l);
+    for (const auto& [l, lease] : leases) l->abandon(lease);
   };
+  const detail::ReceiverHint to{receiver_pid_, receiver_device_};
   std::uint64_t seq;
   try {
     if (tensors.empty()) {
@@ -159,18 +175,26 @@ void TensorQueue::send(const Tensors& tensors, std::chrono::milliseconds timeout
       records[0].flags = wire::kFlagEmptyMessage;
     }
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-      detail::Outgoing o = detail::encode(tensors[i], i, arena, false);
-      o.record.msg_index = static_cast<std::uint16_t>(i);
-      o.record.msg_count = static_cast<std::uint16_t>(tensors.size());
-      records[i] = o.record;
-      leases.push_back(o.lease);
+      const at::Tensor& t = tensors[i];
+      wire::Record& r = records[i];
+      if (t.defined() && t.is_cuda()) {
+        detail::CudaOutgoing o = detail::encode_cuda(t, i, arena, to, options.detached);
+        r = o.record;
+        leases.emplace_back(o.ledger, o.lease);
+      } else {
+        detail::Outgoing o = detail::encode(t, i, arena, options.detached);
+        r = o.record;
+        leases.emplace_back(&ledger, o.lease);
+      }
+      r.msg_index = static_cast<std::uint16_t>(i);
+      r.msg_count = static_cast<std::uint16_t>(tensors.size());
     }
     seq = channel_->push(records.data(), static_cast<std::uint32_t>(n), timeout);
   } catch (...) {
     abandon();
     throw;
   }
-  for (const auto& l : leases) ledger.route(l, channel_, seq);
+  for (const auto& [l, lease] : leases) l->route(lease, channel_, seq);
   detail::bump(detail::counters().messages_sent);
 }
 
@@ -193,9 +217,17 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
     if (r.flags & wire::kFlagEmptyMessage) break;
     if (c.ledger) {
       try {
-        if (c.error.empty()) c.error = wire::validate_location(r, c.data->size());
+        const bool cuda = r.device_type == static_cast<std::uint8_t>(wire::DeviceType::cuda);
+        if (c.error.empty() && !cuda) c.error = wire::validate_location(r, c.data->size());
         if (c.error.empty()) {
-          out.push_back(detail::decode(r, std::move(c.data), c.ledger, me));
+          if (cuda) {
+            out.push_back(detail::decode_cuda(r, c.ledger, me));
+          } else if (r.flags & wire::kFlagToDevice) {
+            out.push_back(
+                detail::to_staged_device(detail::decode(r, std::move(c.data), c.ledger, me), r));
+          } else {
+            out.push_back(detail::decode(r, std::move(c.data), c.ledger, me));
+          }
           detail::bump(detail::counters().tensors_received);
           detail::bump(detail::counters().bytes_received, out.back().nbytes());
           continue;

@@ -1,13 +1,18 @@
 // TensorQueue: a bounded queue of tensor messages between processes that share a parent.
 //
 // Create it before fork (or pass fd() to a spawned child and attach there); any process and any
-// thread may send and receive. A message is a list of CPU tensors. Tensors allocated with
-// ferry::empty_shared() travel zero-copy: the receiver gets a view on the sender's block, and
+// thread may send and receive. A message is a list of CPU and CUDA tensors. Tensors allocated
+// with ferry::empty_shared() travel zero-copy: the receiver gets a view on the sender's block, and
 // the block returns to the sender's allocator when the last receiver drops its view. Any other
-// tensor is copied once into shared memory on send (counted in transport_stats()).
+// CPU tensor is copied once into shared memory on send (counted in transport_stats()).
+//
+// A CUDA tensor travels by CUDA IPC: the receiver gets a view on the sender's allocation, opened
+// once per process, after its current stream waited for the sender's last write. Where that is
+// not safe (see docs/cuda.md) it is copied, and the reason counted.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <memory>
@@ -33,10 +38,24 @@ class TensorQueue {
   // Attaches to a queue from an fd inherited across exec (TensorQueue::fd() in the parent).
   static TensorQueue attach(int fd);
 
+  struct SendOptions {
+    // Copy every tensor instead of sharing it, so the receiver's view is independent of the
+    // sender's tensor (counted as CopyReason::detached).
+    bool detached = false;
+    std::chrono::milliseconds timeout = kForever;
+  };
+
   // Sends one message. Blocks while the queue is full, up to `timeout` (kForever: until room,
   // close, or every receiver has exited). Throws ferry::Error: timeout, closed, peer_dead,
-  // invalid_argument (a CUDA, sparse or quantized tensor, rank over 12, too many tensors).
+  // invalid_argument (a tensor not on CPU or CUDA, sparse, rank over 12, too many tensors).
   void send(const Tensors& tensors, std::chrono::milliseconds timeout = kForever);
+  void send(const Tensors& tensors, const SendOptions& options);
+
+  // Tells this sender who receives, when one process does (a pool and its worker): `pid`, and
+  // its CUDA device, or -1 for a process that cannot use CUDA. CUDA tensors are then copied
+  // where the receiver could not open them: through shared memory to a CPU-only receiver, and on
+  // the device when the receiver is this process. Without it any receiver is assumed able to.
+  void set_receiver(pid_t pid, int cuda_device) noexcept;
 
   // Receives the oldest message. Throws ferry::Error: timeout, closed (closed and drained),
   // peer_dead (every sender exited and the queue is empty), bad_record.
@@ -56,6 +75,8 @@ class TensorQueue {
  private:
   explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
   std::shared_ptr<Channel> channel_;
+  pid_t receiver_pid_ = 0;
+  int receiver_device_ = -2;  // unknown
 };
 
 // Waits until every tensor this process has sent has been taken by a receiver, or `timeout`

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,10 +89,13 @@ void handle(const Tensors& message, const protocol::Hello& hello,
                               " tensors; a task returns at most " +
                               std::to_string(protocol::kMaxTensorsPerTask));
     }
+    // Device in, device out: a caller that sent CUDA tensors gets CUDA results (by IPC); one
+    // that sent CPU tensors gets CPU results and need not touch CUDA at all.
+    const bool cuda_in = std::any_of(message.begin() + 1, message.end(),
+                                     [](const at::Tensor& t) { return t.is_cuda(); });
     for (auto& t : out) {
       if (!t.defined()) throw std::invalid_argument("returned an undefined tensor");
-      // Until CUDA IPC lands, device results travel through the CPU transport.
-      if (!t.device().is_cpu()) t = t.cpu();
+      if (t.is_cuda() && !cuda_in) t = t.cpu();
     }
   } catch (const std::exception& e) {
     error = e.what();

@@ -1,0 +1,18 @@
+// What a process can ask and tell ferry about CUDA tensors it received from peers.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <sys/types.h>
+
+namespace ferry {
+
+// False when `t` is a view on a peer's CUDA memory and that peer has exited: the memory may be
+// gone, and ferry refuses to send it on (Error peer_dead). True for every other tensor.
+// Exits are noticed within about 100 ms, or at once after notify_peer_exit().
+bool source_alive(const at::Tensor& t);
+
+// Tells ferry that process `pid` exited (a supervisor knows first), so views on its CUDA memory
+// are marked at once.
+void notify_peer_exit(pid_t pid);
+
+}  // namespace ferry

@@ -1,0 +1,646 @@
+#include "runtime/cuda_transport.hpp"
+
+#include <c10/util/strides.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "ipc/arena.hpp"
+#include "ipc/cuda/event_pool.hpp"
+#include "ipc/cuda/export_cache.hpp"
+#include "ipc/cuda/identity.hpp"
+#include "ipc/cuda/import_cache.hpp"
+#include "ipc/cuda/ipc_api.hpp"
+#include "ipc/cuda/send_policy.hpp"
+#include "ipc/error.hpp"
+#include "ipc/log.hpp"
+#include "ipc/peer_segments.hpp"
+#include "ipc/process.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/segment_server.hpp"
+#include "ipc/stats.hpp"
+#include "runtime/cuda_ipc.hpp"
+#include "runtime/cuda_stream.hpp"
+#include "runtime/dtype.hpp"
+#include "runtime/tensor_codec.hpp"
+
+namespace ferry {
+namespace detail {
+namespace {
+
+using cuda::ImportCache;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kFetchTimeout = std::chrono::seconds(5);
+constexpr auto kImportTimeout = std::chrono::seconds(10);
+constexpr auto kOwnerCheck = std::chrono::milliseconds(100);
+
+std::uint32_t env_count(const char* name, std::uint32_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (*end != '\0' || n == 0 || n > (1u << 24)) {
+    throw Error(
+        Errc::invalid_argument,
+        std::string(name) + "=" + v + " is not a count from 1 to 16777216; unset it or fix it");
+  }
+  return static_cast<std::uint32_t>(n);
+}
+
+void check(const cuda::Status& s, const std::string& doing) {
+  if (!s.ok()) throw Error(Errc::system, doing + ": " + s.error);
+}
+
+std::string hex_uuid(const std::uint8_t* u) {
+  static const char* digits = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += digits[u[i] >> 4];
+    out += digits[u[i] & 15];
+  }
+  return out;
+}
+
+// ---- sender -----------------------------------------------------------------------------
+
+// What a CUDA lease keeps alive: the storage (so the caching allocator cannot hand its bytes to
+// another tensor) until every receiver is done with it.
+struct SentStorage {
+  c10::Storage storage;
+};
+
+struct Sender {
+  std::mutex mu;
+  std::unique_ptr<Ledger> ledger;
+  cuda::ExportCache handles;
+  cuda::EventPool events{env_count("FERRY_CUDA_EVENTS", 64)};
+  std::map<int, cuda::Uuid> uuids;
+
+  Ledger& ledger_locked() {
+    if (!ledger) {
+      ledger = Ledger::create(env_count("FERRY_CUDA_LEASE_SLOTS", 4096));
+      publish_segment(wire::kCudaLedgerSeq, ledger->segment());
+      std::thread([l = ledger.get()] { reap(*l); }).detach();
+    }
+    return *ledger;
+  }
+
+  // Ends leases as receivers release them, so device memory returns to the caching allocator
+  // without waiting for the next send: a check of one shared word every 20 ms, and every 100 ms
+  // a look for holders that died (the supervisor's pidfd tells the pool sooner; this covers
+  // any receiver).
+  [[noreturn]] static void reap(Ledger& l) {
+    auto next_dead_check = Clock::now();
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const bool dead_due = Clock::now() >= next_dead_check;
+      if (dead_due) next_dead_check = Clock::now() + kOwnerCheck;
+      if (dead_due || l.has_releases()) l.reclaim(dead_due);
+    }
+  }
+  const cuda::Uuid& uuid_locked(int device) {
+    auto it = uuids.find(device);
+    if (it == uuids.end()) {
+      cuda::Uuid u{};
+      check(cuda::device_uuid(device, &u), "reading the UUID of cuda:" + std::to_string(device));
+      it = uuids.emplace(device, u).first;
+    }
+    return it->second;
+  }
+};
+
+// One per process: a forked child gets a fresh one (the parent's mutex may have been held).
+std::mutex g_sender_mu;
+Sender* g_sender = nullptr;
+pid_t g_sender_pid = 0;
+
+Sender* existing_sender() {
+  std::lock_guard<std::mutex> lock(g_sender_mu);
+  return g_sender_pid == current_pid() ? g_sender : nullptr;
+}
+
+Sender& sender() {
+  std::lock_guard<std::mutex> lock(g_sender_mu);
+  if (g_sender == nullptr || g_sender_pid != current_pid()) {
+    g_sender = new Sender;  // never freed: its reaper thread uses it until exit
+    g_sender_pid = current_pid();
+  }
+  return *g_sender;
+}
+
+// ---- receiver ---------------------------------------------------------------------------
+
+struct EventKey {
+  cuda::ProcessIdentity owner;
+  int device;
+  std::uint32_t slot;
+  bool operator<(const EventKey& o) const noexcept {
+    return std::tie(owner, device, slot) < std::tie(o.owner, o.device, o.slot);
+  }
+};
+struct OpenedEvent {
+  cuda::IpcHandle handle;
+  void* event;
+};
+
+class Importer {
+ public:
+  std::mutex mu;
+  std::condition_variable changed;  // an entry finished opening or closing
+  std::condition_variable work;     // the closer has something to do
+  ImportCache cache;
+  std::map<EventKey, OpenedEvent> events;
+  std::map<int, int> device_by_uuid_hash;
+  bool closer_running = false;
+
+  void start_closer_locked() {
+    if (closer_running) return;
+    closer_running = true;
+    std::thread([this] { closer(); }).detach();
+  }
+
+ private:
+  // Releases leases whose views died and closes allocations nobody views, after the device is
+  // done with them; every 100 ms also checks that the owners of open allocations are alive.
+  void closer() {
+    auto next_check = Clock::now() + kOwnerCheck;
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      work.wait_until(lock, next_check);
+      if (Clock::now() >= next_check) {
+        next_check = Clock::now() + kOwnerCheck;
+        check_owners_locked();
+      }
+      ImportCache::Work w = cache.take_work();
+      if (w.empty()) continue;
+      lock.unlock();
+      std::map<int, bool> synced;
+      for (const auto& c : w.close) {
+        cuda::Status s = cuda::close_mem_handle(c.device, c.local);
+        synced[c.device] = true;
+        if (s.ok()) {
+          bump(counters().cuda_handles_closed);
+        } else {
+          log().warn("closing a peer's CUDA allocation failed: {}", s.error);
+        }
+      }
+      for (const auto& l : w.release) {
+        if (!synced[l.device]) {
+          cuda::Status s = cuda::synchronize_device(l.device);
+          if (!s.ok())
+            log().warn("waiting for cuda:{} before releasing leases: {}", l.device, s.error);
+          synced[l.device] = true;
+        }
+        Ledger::release(*l.ledger, l.slot, l.gen, current_pid());
+      }
+      lock.lock();
+      for (const auto& c : w.close) cache.closed(c.id);
+      changed.notify_all();
+    }
+  }
+
+  void check_owners_locked() {
+    std::vector<cuda::ProcessIdentity> owners = cache.owners();
+    for (const auto& [key, ev] : events) owners.push_back(key.owner);
+    std::sort(owners.begin(), owners.end());
+    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+    for (const auto& owner : owners) {
+      if (!process_alive(owner.pid)) owner_exited_locked(owner);
+    }
+  }
+
+ public:
+  // Marks the owner's allocations and drops its events (they died with it).
+  void owner_exited_locked(const cuda::ProcessIdentity& owner) {
+    if (const std::size_t n = cache.owner_died(owner); n > 0) {
+      bump(counters().cuda_peer_deaths);
+      log().warn(
+          "{} exited while this process held views on {} of its CUDA allocation(s); "
+          "using them further is undefined (source_alive() reports it)",
+          owner.str(), n);
+    }
+    {
+      for (auto it = events.begin(); it != events.end();) {
+        if (it->first.owner == owner) {
+          (void)cuda::destroy_event(it->first.device, it->second.event);
+          it = events.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+};
+
+Importer& importer() {
+  static std::mutex mu;
+  static Importer* s = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (s == nullptr || owner != current_pid()) {
+    s = new Importer;  // never freed: the detached closer thread uses it until exit
+    owner = current_pid();
+  }
+  return *s;
+}
+
+// What a received CUDA tensor's storage holds.
+struct CudaView {
+  Importer* importer;
+  ImportCache::EntryId entry;
+  cuda::LeaseRef lease;
+  pid_t holder;
+};
+
+void cuda_view_deleter(void* ctx) {
+  auto* v = static_cast<CudaView*>(ctx);
+  // A forked child's copy of a received tensor does not hold the lease; its parent does.
+  if (v->holder == current_pid()) {
+    std::lock_guard<std::mutex> lock(v->importer->mu);
+    v->importer->cache.drop_view(v->entry, std::move(v->lease));
+    v->importer->work.notify_one();
+  }
+  delete v;
+}
+
+cuda::ProcessIdentity owner_identity(const wire::Record& r) {
+  cuda::ProcessIdentity id;
+  id.pid = r.owner_pid;
+  id.pid_ns = r.owner_pid_ns;
+  std::memcpy(id.boot_id.data(), r.owner_boot_id, id.boot_id.size());
+  return id;
+}
+
+bool from_this_process(const wire::Record& r) {
+  return r.owner_pid == current_pid() && r.owner_token == process_token();
+}
+
+// This process's ordinal of the device a record names, by UUID (CUDA_VISIBLE_DEVICES may order
+// devices differently in the sender).
+int local_device(const std::uint8_t* uuid_bytes) {
+  cuda::Uuid uuid{};
+  std::memcpy(uuid.data(), uuid_bytes, uuid.size());
+  const int d = cuda::device_with_uuid(uuid);
+  if (d < 0) {
+    throw Error(Errc::invalid_argument,
+                "the sender's device " + hex_uuid(uuid_bytes) +
+                    " is not visible in this process (CUDA_VISIBLE_DEVICES?): make it visible, "
+                    "or have the sender send t.cpu()");
+  }
+  return d;
+}
+
+void require_cuda_torch() {
+  if (!at::hasCUDA()) {
+    throw Error(Errc::invalid_argument,
+                "a CUDA tensor arrived, but this process's LibTorch has no CUDA: receive on a "
+                "CUDA-capable process, or tell the sender this receiver is CPU-only");
+  }
+}
+
+at::Tensor copy_on_device(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
+  }
+  return at::empty(t.sizes(), t.options()).copy_(t);
+}
+
+}  // namespace
+
+// ---- sending ----------------------------------------------------------------------------
+
+CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
+                         const ReceiverHint& to, bool detached) {
+  check_sendable(t, index);
+  const int device = t.device().index();
+  if (is_cuda_received(t) && !source_alive(t)) {
+    throw Error(Errc::peer_dead, "tensor " + std::to_string(index) +
+                                     " of the message is a view on CUDA memory of a process "
+                                     "that has exited; it cannot be sent on");
+  }
+  void* stream = current_cuda_stream(device);
+  Sender& s = sender();
+
+  cuda::SendFacts facts;
+  facts.detached = detached;
+  facts.received = is_cuda_received(t);
+  if (t.storage().nbytes() > 0)
+    check(cuda::block_of(t.storage().data(), &facts.block),
+          "locating the allocation of a CUDA tensor");
+  if (to.device != -2) {
+    facts.receiver.known = true;
+    facts.receiver.same_process = to.pid == current_pid();
+    facts.receiver.cuda = to.device >= 0;
+    facts.receiver.cannot_open =
+        to.device >= 0 && to.device != device && !cuda::can_access_peer(to.device, device);
+  }
+  cuda::Decision d = cuda::decide(facts);
+
+  at::Tensor shared = t;
+  cuda::BlockInfo block = facts.block;
+  if (d.route == cuda::Route::device_copy) {
+    shared = copy_on_device(t);
+    check(cuda::block_of(shared.storage().data(), &block), "locating a copy's allocation");
+    if (block.kind != cuda::MemoryKind::device || !block.legacy_ipc) {
+      // LibTorch's allocator gives memory that cannot be exported either (expandable segments):
+      // only the CPU transport is left.
+      d = {cuda::Route::host_copy, CopyReason::not_exportable};
+    }
+  }
+  if (d.route == cuda::Route::zero_copy || d.route == cuda::Route::device_copy) {
+    std::unique_lock<std::mutex> lock(s.mu);
+    Ledger& ledger = s.ledger_locked();
+    Ledger::Lease lease;
+    try {
+      lease = ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage()}));
+    } catch (const Error& e) {
+      if (e.code() != Errc::ledger_full) throw;
+      d = {cuda::Route::host_copy, CopyReason::ledger_full};
+      log().debug("CUDA ledger full: tensor {} goes through shared memory", index);
+    }
+    if (d.route != cuda::Route::host_copy) {
+      CudaOutgoing out{wire::make_record(), &ledger, lease};
+      try {
+        wire::Record& r = out.record;
+        describe_view(shared, r);
+        r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cuda);
+        r.device_index = static_cast<std::int8_t>(device);
+        const cuda::Uuid& uuid = s.uuid_locked(device);
+        std::memcpy(r.device_uuid, uuid.data(), uuid.size());
+        r.owner_token = process_token();
+        r.owner_pid = current_pid();
+        const cuda::ProcessIdentity& me = cuda::this_process();
+        r.owner_pid_ns = me.pid_ns;
+        std::memcpy(r.owner_boot_id, me.boot_id.data(), me.boot_id.size());
+        r.segment_seq = 0;
+        r.segment_size = block.size;
+        r.block_offset = reinterpret_cast<std::uintptr_t>(shared.storage().data()) - block.base;
+        r.cuda_base = block.base;
+        r.cuda_buffer_id = block.buffer_id;
+        const cuda::IpcHandle* h = s.handles.find(block);
+        if (h == nullptr) {
+          cuda::IpcHandle fresh{};
+          check(cuda::get_mem_handle(device, block.base, &fresh), "exporting a CUDA allocation");
+          s.handles.put(block, fresh);
+          h = s.handles.find(block);
+          bump(counters().cuda_handles_exported);
+        }
+        std::memcpy(r.mem_handle, h->data(), h->size());
+        r.lease_slot = lease.slot;
+        r.lease_gen = lease.gen;
+
+        // The event marks the tensor's last write on this stream; the receiver's stream waits
+        // on it, so nobody stalls the host.
+        cuda::EventPool::Take e =
+            s.events.take(device, [&](const Ledger::Lease& l) { return ledger.unclaimed(l); });
+        if (e.action == cuda::EventPool::Take::create) {
+          cuda::Status cs = cuda::create_ipc_event(device, &e.event, &e.handle);
+          if (!cs.ok()) {
+            s.events.give_back(device, e.slot);
+            check(cs, "creating an interprocess event");
+          }
+          s.events.add(device, e.slot, e.event, e.handle);
+        }
+        if (e.action == cuda::EventPool::Take::exhausted) {
+          check(cuda::stream_synchronize(stream), "synchronising the stream (event pool empty)");
+          bump(counters().cuda_event_pool_syncs);
+          r.event_slot = wire::kNoEvent;
+        } else {
+          cuda::Status rs = cuda::record_event(e.event, stream);
+          if (!rs.ok()) {
+            s.events.give_back(device, e.slot);
+            check(rs, "recording an interprocess event");
+          }
+          s.events.bind(device, e.slot, lease);
+          bump(counters().cuda_events_recorded);
+          r.event_slot = e.slot;
+          std::memcpy(r.event_handle, e.handle.data(), e.handle.size());
+        }
+      } catch (...) {
+        ledger.abandon(lease);
+        throw;
+      }
+      if (d.reason) {
+        count_copy(*d.reason, t.nbytes());
+        out.record.flags = wire::kFlagCopied;
+        log().debug("CUDA tensor {} copied on cuda:{} before sending: {}", index, device,
+                    copy_reason_name(*d.reason));
+      } else {
+        bump(counters().cuda_tensors_zero_copy);
+        bump(counters().cuda_bytes_zero_copy, t.nbytes());
+      }
+      return out;
+    }
+  }
+
+  // Through the CPU transport: one device-to-host copy straight into an arena block.
+  // A dense tensor keeps its strides; its elements fill exactly nbytes() from the first one.
+  const bool dense = t.is_non_overlapping_and_dense();
+  at::Tensor host =
+      allocate_in_arena(arena, t.sizes(), dense ? t.strides() : c10::contiguous_strides(t.sizes()),
+                        t.scalar_type(), t.nbytes());
+  host.copy_(t);
+  count_copy(*d.reason, t.nbytes());
+  log().debug("CUDA tensor {} sent through shared memory: {}", index, copy_reason_name(*d.reason));
+  Outgoing o = describe_in_arena(host, arena_block_of(host), arena);
+  CudaOutgoing out{o.record, &arena.ledger(), o.lease};
+  out.record.flags = wire::kFlagCopied;
+  if (d.route == cuda::Route::host_copy) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    out.record.flags |= wire::kFlagToDevice;
+    out.record.device_index = static_cast<std::int8_t>(device);
+    const cuda::Uuid& uuid = s.uuid_locked(device);
+    std::memcpy(out.record.device_uuid, uuid.data(), uuid.size());
+  }
+  return out;
+}
+
+std::size_t cuda_in_flight() {
+  Sender* s = existing_sender();
+  if (s == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->ledger ? s->ledger->in_flight() : 0;
+}
+
+// ---- receiving --------------------------------------------------------------------------
+
+std::shared_ptr<Segment> claim_cuda(const wire::Record& r, pid_t me) {
+  require_cuda_torch();
+  if (r.event_slot != wire::kNoEvent) {
+    const bool local = from_this_process(r);
+    const int device = local ? r.device_index : local_device(r.device_uuid);
+    void* event = nullptr;
+    if (local) {
+      // This process's own event: the pool has it (a handle cannot be opened where it was made).
+      Sender& s = sender();
+      std::lock_guard<std::mutex> lock(s.mu);
+      event = s.events.event_at(device, r.event_slot);
+    } else {
+      cuda::IpcHandle handle{};
+      std::memcpy(handle.data(), r.event_handle, handle.size());
+      Importer& im = importer();
+      std::lock_guard<std::mutex> lock(im.mu);
+      const EventKey key{owner_identity(r), device, r.event_slot};
+      auto it = im.events.find(key);
+      if (it != im.events.end() && it->second.handle != handle) {
+        // The sender's pool slot holds another event now (it was recreated): reopen.
+        (void)cuda::destroy_event(device, it->second.event);
+        im.events.erase(it);
+        it = im.events.end();
+      }
+      if (it == im.events.end()) {
+        check(cuda::open_event_handle(device, handle, &event), "opening the sender's event");
+        it = im.events.emplace(key, OpenedEvent{handle, event}).first;
+      }
+      event = it->second.event;
+    }
+    if (event == nullptr) {
+      throw Error(Errc::bad_record,
+                  "event slot " + std::to_string(r.event_slot) + " names no event of the sender");
+    }
+    check(cuda::stream_wait_event(current_cuda_stream(device), event),
+          "waiting on the sender's event");
+  }
+  auto ledger =
+      map_peer_segment(r.owner_pid, r.owner_token, wire::kCudaLedgerSeq, 0, kFetchTimeout);
+  if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
+    throw Error(Errc::bad_record, "CUDA lease " + std::to_string(r.lease_slot) + "/" +
+                                      std::to_string(r.lease_gen) + " of pid " +
+                                      std::to_string(r.owner_pid) + " does not match the record");
+  }
+  return ledger;
+}
+
+at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, pid_t me) {
+  const at::ScalarType dtype = from_wire_dtype(r.dtype);
+  const at::IntArrayRef sizes(r.sizes, r.rank);
+  const at::IntArrayRef strides(r.strides, r.rank);
+
+  if (from_this_process(r)) {
+    // A handle cannot be opened in the process that exported it, and handing the receiver the
+    // sender's own storage would alias it behind the sender's back: copy on this device.
+    const int device = r.device_index;
+    cuda::BlockInfo b;
+    check(cuda::block_of(reinterpret_cast<void*>(r.cuda_base), &b),
+          "locating this process's allocation");
+    if (b.base != r.cuda_base) {
+      throw Error(Errc::bad_record, "cuda_base does not start an allocation of this process");
+    }
+    if (std::string e = wire::validate_location(r, b.size); !e.empty())
+      throw Error(Errc::bad_record, e);
+    void* data = reinterpret_cast<std::byte*>(r.cuda_base) + r.block_offset;
+    at::Tensor view = at::from_blob(data, sizes, strides,
+                                    at::TensorOptions().dtype(dtype).device(at::Device(
+                                        at::kCUDA, static_cast<c10::DeviceIndex>(device))));
+    view = view.as_strided(sizes, strides, r.storage_offset);
+    at::Tensor copy = copy_on_device(view);
+    // The lease may end only once the copy has read the block.
+    check(cuda::stream_synchronize(current_cuda_stream(device)), "copying a same-process tensor");
+    Ledger::release(*ledger, r.lease_slot, r.lease_gen, me);
+    count_copy(CopyReason::same_process, copy.nbytes());
+    return copy;
+  }
+
+  const int device = local_device(r.device_uuid);
+  cuda::BlockKey key;
+  key.owner = owner_identity(r);
+  std::memcpy(key.device.data(), r.device_uuid, key.device.size());
+  key.base = r.cuda_base;
+  key.size = r.segment_size;
+  key.buffer_id = r.cuda_buffer_id;
+
+  Importer& im = importer();
+  std::unique_lock<std::mutex> lock(im.mu);
+  im.start_closer_locked();
+  const auto deadline = Clock::now() + kImportTimeout;
+  ImportCache::Lookup look;
+  for (;;) {
+    look = im.cache.acquire(key);
+    if (look.action != ImportCache::Lookup::wait) break;
+    im.work.notify_one();
+    if (im.changed.wait_until(lock, deadline) == std::cv_status::timeout) {
+      throw Error(Errc::timeout, "a peer's CUDA allocation stayed busy opening or closing for " +
+                                     std::to_string(kImportTimeout.count()) + " s");
+    }
+  }
+  void* local = look.local;
+  if (look.action == ImportCache::Lookup::open) {
+    lock.unlock();
+    cuda::IpcHandle handle{};
+    std::memcpy(handle.data(), r.mem_handle, handle.size());
+    std::size_t mapped = 0;
+    cuda::Status st = cuda::open_mem_handle(device, handle, &local, &mapped);
+    std::string bad;
+    if (st.ok()) {
+      bad = wire::validate_location(r, mapped);
+      if (!bad.empty()) (void)cuda::close_mem_handle(device, local);
+    }
+    lock.lock();
+    if (!st.ok() || !bad.empty()) {
+      im.cache.open_failed(look.id);
+      im.changed.notify_all();
+      if (!bad.empty()) throw Error(Errc::bad_record, bad);
+      if (st.already_mapped()) {
+        throw Error(Errc::system,
+                    "the sender's CUDA allocation is already open in this process outside ferry "
+                    "(e.g. by torch.multiprocessing): send it with detached=true. " +
+                        st.error);
+      }
+      throw Error(Errc::system, "opening a peer's CUDA allocation: " + st.error);
+    }
+    im.cache.opened(look.id, device, local);
+    im.changed.notify_all();
+    bump(counters().cuda_handles_opened);
+  } else {
+    bump(counters().cuda_handle_cache_hits);
+  }
+  lock.unlock();
+
+  auto* ctx = new CudaView{
+      &im, look.id, cuda::LeaseRef{device, std::move(ledger), r.lease_slot, r.lease_gen}, me};
+  // From here the storage owns ctx: on any failure its deleter hands the lease to the closer.
+  return tensor_over(static_cast<std::byte*>(local) + r.block_offset, r.block_length, ctx,
+                     &cuda_view_deleter,
+                     c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)), dtype, sizes,
+                     strides, r.storage_offset);
+}
+
+at::Tensor to_staged_device(const at::Tensor& host, const wire::Record& r) {
+  require_cuda_torch();
+  const int device = local_device(r.device_uuid);
+  return host.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
+bool is_cuda_received(const at::Tensor& t) {
+  return t.defined() && t.has_storage() &&
+         t.storage().data_ptr().get_deleter() == &cuda_view_deleter;
+}
+
+}  // namespace detail
+
+bool source_alive(const at::Tensor& t) {
+  if (!detail::is_cuda_received(t)) return true;
+  auto* v = static_cast<detail::CudaView*>(t.storage().data_ptr().get_context());
+  std::lock_guard<std::mutex> lock(v->importer->mu);
+  return !v->importer->cache.owner_dead(v->entry);
+}
+
+void notify_peer_exit(pid_t pid) {
+  detail::Importer& im = detail::importer();
+  std::lock_guard<std::mutex> lock(im.mu);
+  for (const auto& owner : im.cache.owners()) {
+    if (owner.pid == pid && !process_alive(pid)) im.owner_exited_locked(owner);
+  }
+}
+
+}  // namespace ferry
