@@ -21,6 +21,7 @@
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
 #include "runtime/cuda_ipc.hpp"
+#include "runtime/cuda_transport.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/worker_protocol.hpp"
 
@@ -156,18 +157,26 @@ struct Pool::State {
       tasks.emplace(task->id, task);
       pending.push_back(task);
       ++totals.submitted;
-      for (const auto& t : task->inputs) {
-        const auto bytes = static_cast<std::uint64_t>(t.defined() ? t.nbytes() : 0);
-        if (is_shared(t)) {
-          ++totals.input_tensors_zero_copy;
-          totals.input_bytes_zero_copy += bytes;
-        } else {
-          ++totals.input_tensors_copied;
-          totals.input_bytes_copied += bytes;
-        }
-      }
     }
     dispatch();
+  }
+
+  // How a task's inputs travel to a worker on `device`, counted at their first hand-over: arena
+  // tensors and CUDA tensors the worker can open by handle go zero-copy, the rest is copied.
+  void tally_inputs(const Task& task, const std::string& device) {
+    for (const auto& t : task.inputs) {
+      const auto bytes = static_cast<std::uint64_t>(t.defined() ? t.nbytes() : 0);
+      const bool in_place =
+          is_shared(t) || (t.defined() && t.is_cuda() && device == t.device().str() &&
+                           !detail::is_cuda_received(t));
+      if (in_place) {
+        ++totals.input_tensors_zero_copy;
+        totals.input_bytes_zero_copy += bytes;
+      } else {
+        ++totals.input_tensors_copied;
+        totals.input_bytes_copied += bytes;
+      }
+    }
   }
 
   // Hands pending tasks to workers with room. Any thread may call it; each hand-over is
@@ -196,6 +205,7 @@ struct Pool::State {
       ++task->attempts;
       if (best->inflight.empty()) best->head_since = Clock::now();
       best->inflight.push_back(task->id);
+      if (task->attempts == 1) tally_inputs(*task, best->device);
       TensorQueue queue = *best->tasks;
       const protocol::TaskEnvelope env{task->id, task->attempts, task->task_index};
       Slot& slot = *best;

@@ -117,10 +117,10 @@ void save_results(const std::string& path, const std::vector<ferry::Tensors>& re
   c10::impl::GenericList list(c10::AnyType::get());
   for (const auto& r : results) {
     if (r.size() == 1) {
-      list.push_back(r[0]);
+      list.push_back(r[0].cpu());
     } else {
       c10::List<at::Tensor> inner;
-      for (const auto& t : r) inner.push_back(t);
+      for (const auto& t : r) inner.push_back(t.cpu());
       list.push_back(inner);
     }
   }
@@ -187,6 +187,36 @@ void check_shared_memory(unsigned workers) {
   }
 }
 
+// What this process moved by CUDA IPC: batches staged on a device and the results it opened.
+json cuda_summary() {
+  const ferry::TransportStats t = ferry::transport_stats();
+  json reasons = json::object();
+  for (int r = 0; r < static_cast<int>(ferry::CopyReason::count_); ++r) {
+    if (t.copies_by_reason[r]) {
+      reasons[ferry::copy_reason_name(static_cast<ferry::CopyReason>(r))] = t.copies_by_reason[r];
+    }
+  }
+  return {{"tensors_sent_zero_copy", t.cuda_tensors_zero_copy},
+          {"bytes_sent_zero_copy", t.cuda_bytes_zero_copy},
+          {"handles_exported", t.cuda_handles_exported},
+          {"handles_opened", t.cuda_handles_opened},
+          {"handle_cache_hits", t.cuda_handle_cache_hits},
+          {"events_recorded", t.cuda_events_recorded},
+          {"event_pool_syncs", t.cuda_event_pool_syncs},
+          {"copies_by_reason", reasons}};
+}
+
+// The CUDA device every worker uses, if they all use the same one and this LibTorch has CUDA.
+std::optional<at::Device> staging_device(const std::vector<std::string>& devices) {
+  if (devices.empty() || !at::hasCUDA()) return std::nullopt;
+  for (const auto& d : devices) {
+    if (d != devices.front()) return std::nullopt;
+  }
+  const std::string& d = devices.front();
+  if (d.rfind("cuda", 0) != 0) return std::nullopt;
+  return at::Device(d == "cuda" ? std::string("cuda:0") : d);
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -224,11 +254,19 @@ int run(const RunArgs& a) {
   const std::int64_t features = a.task == "mlp" ? ferry::kMlpFeatures : a.features;
   // Synthetic batches are made in shared memory, as a data loader using ferry would, so they
   // travel zero-copy; inputs read from a file are copied once on send.
+  // When every worker computes on one CUDA device, batches are staged there once, here, and
+  // reach the workers by CUDA IPC handle (their results come back the same way); otherwise
+  // they stay on the CPU and each worker moves them itself.
+  const std::optional<at::Device> stage = staging_device(o.devices);
   auto make = [&](std::size_t i) -> ferry::Tensors {
-    if (!a.input.empty()) return {given[i]};
-    at::Tensor t = ferry::empty_shared({a.batch_size, features}, at::kFloat);
-    t.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(1000 + i));
-    return {t};
+    at::Tensor t;
+    if (!a.input.empty()) {
+      t = given[i];
+    } else {
+      t = ferry::empty_shared({a.batch_size, features}, at::kFloat);
+      t.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(1000 + i));
+    }
+    return {stage ? t.to(*stage) : t};
   };
 
   sigset_t stop_signals;
@@ -334,6 +372,7 @@ int run(const RunArgs& a) {
          {{"p50", percentile(latencies, 0.5) * 1e3}, {"p99", percentile(latencies, 0.99) * 1e3}}},
         {"inputs", {{"bytes_zero_copy", in_zc}, {"bytes_copied", in_cp}}},
         {"results", {{"bytes_zero_copy", out_zc}, {"bytes_copied", out_cp}}},
+        {"cuda", cuda_summary()},
         {"workers", workers},
         {"errors", errors}};
     std::printf("%s\n", doc.dump(2).c_str());

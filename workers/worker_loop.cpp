@@ -18,6 +18,7 @@
 #include "ipc/control_socket.hpp"
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/log.hpp"
+#include "runtime/cuda_transport.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/worker_launch.hpp"
 #include "runtime/worker_protocol.hpp"
@@ -106,7 +107,8 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   if (error.empty()) {
     for (const auto& t : out) {
       const auto bytes = static_cast<std::uint64_t>(t.nbytes());
-      if (is_shared(t)) {
+      // A CUDA result goes back by handle unless it is an input handed straight back.
+      if (is_shared(t) || (t.is_cuda() && !detail::is_cuda_received(t))) {
         ++tally.tensors_zero_copy;
         tally.bytes_zero_copy += bytes;
       } else {
