@@ -162,6 +162,8 @@ class Importer {
   std::map<EventKey, OpenedEvent> events;
   std::map<int, int> device_by_uuid_hash;
   bool closer_running = false;
+  // How long a mapping with no views stays open for the next tensor of its allocation.
+  const std::chrono::milliseconds linger{env_count("FERRY_CUDA_LINGER_MS", 250)};
 
   void start_closer_locked() {
     if (closer_running) return;
@@ -176,12 +178,14 @@ class Importer {
     auto next_check = Clock::now() + kOwnerCheck;
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
-      work.wait_until(lock, next_check);
+      auto wake = next_check;
+      if (auto close_at = cache.next_close(linger); close_at && *close_at < wake) wake = *close_at;
+      work.wait_until(lock, wake);
       if (Clock::now() >= next_check) {
         next_check = Clock::now() + kOwnerCheck;
         check_owners_locked();
       }
-      ImportCache::Work w = cache.take_work();
+      ImportCache::Work w = cache.take_work(Clock::now(), linger);
       if (w.empty()) continue;
       lock.unlock();
       std::map<int, bool> synced;
@@ -267,7 +271,7 @@ void cuda_view_deleter(void* ctx) {
   // A forked child's copy of a received tensor does not hold the lease; its parent does.
   if (v->holder == current_pid()) {
     std::lock_guard<std::mutex> lock(v->importer->mu);
-    v->importer->cache.drop_view(v->entry, std::move(v->lease));
+    v->importer->cache.drop_view(v->entry, std::move(v->lease), Clock::now());
     v->importer->work.notify_one();
   }
   delete v;

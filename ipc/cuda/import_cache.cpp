@@ -85,16 +85,28 @@ void ImportCache::open_failed(EntryId id) {
   }
 }
 
-bool ImportCache::drop_view(EntryId id, LeaseRef lease) {
+bool ImportCache::drop_view(EntryId id, LeaseRef lease, Clock::time_point now) {
   release_.push_back(std::move(lease));
   Entry* e = find(id);
   if (e == nullptr || e->views == 0) return false;
   if (--e->views > 0) return false;
   e->state = State::idle;
+  e->idle_since = now;
   return true;
 }
 
-ImportCache::Work ImportCache::take_work() {
+std::optional<ImportCache::Clock::time_point> ImportCache::next_close(
+    Clock::duration linger) const {
+  std::optional<Clock::time_point> next;
+  for (const auto& [id, e] : entries_) {
+    if (e.state == State::idle && (!next || e.idle_since + linger < *next)) {
+      next = e.idle_since + linger;
+    }
+  }
+  return next;
+}
+
+ImportCache::Work ImportCache::take_work(Clock::time_point now, Clock::duration linger) {
   Work w;
   w.release.swap(release_);
   for (EntryId id : stale_) {
@@ -102,7 +114,7 @@ ImportCache::Work ImportCache::take_work() {
   }
   stale_.clear();
   for (auto& [id, e] : entries_) {
-    if (e.state != State::idle) continue;
+    if (e.state != State::idle || now - e.idle_since < linger) continue;
     e.state = State::closing;
     w.close.push_back({id, e.device, e.local});
   }

@@ -7,17 +7,22 @@
 // An entry's life:
 //
 //   (none) --acquire: miss--> OPENING --opened--> OPEN --last view dropped--> IDLE
-//   IDLE --acquire: hit--> OPEN (revived before the closer got to it)
-//   IDLE --take_work--> CLOSING --closed--> (none)
+//   IDLE --acquire: hit--> OPEN (a new tensor of the block within the linger)
+//   IDLE --take_work, linger passed--> CLOSING --closed--> (none)
 //   OPENING --open_failed--> (none)
 //
 // A view's lease is not released when the view dies but handed to the closer, which waits for
 // the device to finish with it first: the sender may reuse the memory the moment the lease ends.
+// The mapping itself outlives its last view by a short linger, so a stream of tensors from one
+// allocation (a caching allocator's segment) pays for one open, not one per tensor; it holds no
+// lease, so the sender's memory is not kept by it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ipc/cuda/identity.hpp"
@@ -72,11 +77,13 @@ class ImportCache {
   void opened(EntryId id, int device, void* local);
   void open_failed(EntryId id);
 
-  // The view's storage died: its lease goes to the closer. True when the entry became IDLE.
-  bool drop_view(EntryId id, LeaseRef lease);
+  using Clock = std::chrono::steady_clock;
 
-  // The closer's batch: leases whose views died, and IDLE entries now CLOSING (plus those
-  // acquire() marked stale). The caller synchronises, closes, then calls closed() for each.
+  // The view's storage died: its lease goes to the closer. True when the entry became IDLE.
+  bool drop_view(EntryId id, LeaseRef lease, Clock::time_point now);
+
+  // The closer's batch: leases whose views died, IDLE entries idle for `linger` now CLOSING,
+  // and those acquire() marked stale. The caller synchronises, closes, then calls closed().
   struct Closing {
     EntryId id;
     int device;
@@ -87,8 +94,10 @@ class ImportCache {
     std::vector<Closing> close;
     bool empty() const noexcept { return release.empty() && close.empty(); }
   };
-  Work take_work();
+  Work take_work(Clock::time_point now, Clock::duration linger);
   void closed(EntryId id);
+  // When the next IDLE entry's linger ends, if any is idle.
+  std::optional<Clock::time_point> next_close(Clock::duration linger) const;
 
   // The owner exited: its entries are marked, so later use of their views can be refused.
   // Returns how many entries it had here.
@@ -111,6 +120,7 @@ class ImportCache {
     void* local = nullptr;
     std::size_t views = 0;
     bool owner_dead = false;
+    Clock::time_point idle_since{};
   };
   Entry* find(EntryId id);
   const Entry* find(EntryId id) const;

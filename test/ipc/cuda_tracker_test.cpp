@@ -62,6 +62,8 @@ BlockKey key(std::uint64_t base, std::uint64_t buffer_id, pid_t pid = 1000) {
   return k;
 }
 
+const ImportCache::Clock::time_point now = ImportCache::Clock::now();
+
 LeaseRef lease(std::uint32_t slot) {
   LeaseRef l;
   l.device = 0;
@@ -192,7 +194,7 @@ TEST_CASE("import cache: a reused address is a new block, and the stale entry is
   ImportCache c;
   auto old_block = c.acquire(key(0x1000, 7));
   c.opened(old_block.id, 0, fake_mapping(0xa000));
-  CHECK(c.drop_view(old_block.id, lease(1)));  // idle: the closer has not run yet
+  CHECK(c.drop_view(old_block.id, lease(1), now));  // idle: the closer has not run yet
   // The owner freed that allocation and a new one (new buffer id) landed at the same address:
   // never a hit on the old mapping.
   auto fresh = c.acquire(key(0x1000, 8));
@@ -205,7 +207,7 @@ TEST_CASE("import cache: a reused address is a new block, and the stale entry is
   resized.size *= 2;
   CHECK(c.acquire(resized).action == ImportCache::Lookup::open);
 
-  ImportCache::Work w = c.take_work();
+  ImportCache::Work w = c.take_work(now, 0s);
   REQUIRE(w.close.size() == 1);
   CHECK(w.close[0].id == old_block.id);
   CHECK(w.close[0].local == fake_mapping(0xa000));
@@ -224,21 +226,21 @@ TEST_CASE("import cache: leases go to the closer, and a block closes once, after
   c.acquire(key(0x1000, 7));
 
   // Views die one by one: each lease is handed over at once, the block stays open.
-  CHECK_FALSE(c.drop_view(a.id, lease(1)));
-  CHECK_FALSE(c.drop_view(a.id, lease(2)));
-  ImportCache::Work w = c.take_work();
+  CHECK_FALSE(c.drop_view(a.id, lease(1), now));
+  CHECK_FALSE(c.drop_view(a.id, lease(2), now));
+  ImportCache::Work w = c.take_work(now, 0s);
   CHECK(w.release.size() == 2);
   CHECK(w.close.empty());
   CHECK(c.state_of(a.id) == ImportCache::State::open);
 
-  CHECK(c.drop_view(a.id, lease(3)));  // the last view
-  w = c.take_work();
+  CHECK(c.drop_view(a.id, lease(3), now));  // the last view
+  w = c.take_work(now, 0s);
   CHECK(w.release.size() == 1);
   REQUIRE(w.close.size() == 1);
   CHECK(c.state_of(a.id) == ImportCache::State::closing);
   // While it closes, a new tensor of the same block waits, then opens it afresh.
   CHECK(c.acquire(key(0x1000, 7)).action == ImportCache::Lookup::wait);
-  CHECK(c.take_work().empty());  // never closed twice
+  CHECK(c.take_work(now, 0s).empty());  // never closed twice
   c.closed(a.id);
   CHECK(c.acquire(key(0x1000, 7)).action == ImportCache::Lookup::open);
 }
@@ -248,13 +250,33 @@ TEST_CASE("import cache: an idle block is revived by a new tensor before the clo
   ImportCache c;
   auto a = c.acquire(key(0x1000, 7));
   c.opened(a.id, 0, fake_mapping(0xa000));
-  CHECK(c.drop_view(a.id, lease(1)));
+  CHECK(c.drop_view(a.id, lease(1), now));
   auto again = c.acquire(key(0x1000, 7));
   CHECK(again.action == ImportCache::Lookup::use);
   CHECK(again.id == a.id);
-  ImportCache::Work w = c.take_work();
+  ImportCache::Work w = c.take_work(now, 0s);
   CHECK(w.close.empty());        // still in use: not closed
   CHECK(w.release.size() == 1);  // but the dead view's lease still ends
+}
+
+TEST_CASE("import cache: a mapping with no views lingers for the next tensor, then closes",
+          "[cuda]") {
+  ImportCache c;
+  auto a = c.acquire(key(0x1000, 7));
+  c.opened(a.id, 0, fake_mapping(0xa000));
+  CHECK_FALSE(c.next_close(250ms).has_value());
+  CHECK(c.drop_view(a.id, lease(1), now));
+  REQUIRE(c.next_close(250ms).has_value());
+  CHECK(*c.next_close(250ms) == now + 250ms);
+  // Within the linger: the lease is handed over at once, the mapping stays.
+  ImportCache::Work w = c.take_work(now + 100ms, 250ms);
+  CHECK(w.release.size() == 1);
+  CHECK(w.close.empty());
+  CHECK(c.state_of(a.id) == ImportCache::State::idle);
+  // Past it: closed.
+  w = c.take_work(now + 250ms, 250ms);
+  REQUIRE(w.close.size() == 1);
+  CHECK_FALSE(c.next_close(250ms).has_value());
 }
 
 TEST_CASE("import cache: a failed open leaves nothing behind; owner death marks entries",
@@ -432,24 +454,24 @@ TEST_CASE("process identity: pid, pid namespace and boot id, fresh in a forked c
   CHECK(std::stoul(text.substr(0, 2), nullptr, 16) == me.boot_id[0]);
   CHECK(std::stoul(text.substr(34, 2), nullptr, 16) == me.boot_id[15]);
 
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
+  int up[2], down[2];
+  REQUIRE(::pipe(up) == 0);
+  REQUIRE(::pipe(down) == 0);
   const pid_t child = test::fork_child([&] {
     const ProcessIdentity& mine = this_process();
-    (void)!::write(fds[1], &mine, sizeof mine);
+    (void)!::write(up[1], &mine, sizeof mine);
     char c;
-    (void)!::read(fds[0], &c, 1);  // stay alive until the parent looked
+    (void)!::read(down[0], &c, 1);  // stay alive until the parent looked
   });
   ProcessIdentity theirs;
-  REQUIRE(::read(fds[0], &theirs, sizeof theirs) == static_cast<ssize_t>(sizeof theirs));
+  REQUIRE(::read(up[0], &theirs, sizeof theirs) == static_cast<ssize_t>(sizeof theirs));
   CHECK(theirs.pid == child);
   CHECK(theirs.pid_ns == me.pid_ns);
   CHECK(theirs.boot_id == me.boot_id);
   CHECK(theirs != me);
   CHECK(identity_of(child) == theirs);  // how the parent names it is how it names itself
   char c = 0;
-  REQUIRE(::write(fds[1], &c, 1) == 1);
+  REQUIRE(::write(down[1], &c, 1) == 1);
   REQUIRE(test::wait_child(child) == 0);
-  ::close(fds[0]);
-  ::close(fds[1]);
+  for (int fd : {up[0], up[1], down[0], down[1]}) ::close(fd);
 }
