@@ -30,6 +30,7 @@ test: build
 bench: build
 	$(BUILD)/test/bench/ferry-bench --json $(BUILD)/bench.json
 	$(BUILD)/test/bench/ferry-pool-bench --json $(BUILD)/pool-bench.json
+	$(BUILD)/test/bench/ferry-cuda-bench --json $(BUILD)/cuda-bench.json
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan:

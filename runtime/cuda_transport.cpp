@@ -43,15 +43,16 @@ constexpr auto kFetchTimeout = std::chrono::seconds(5);
 constexpr auto kImportTimeout = std::chrono::seconds(10);
 constexpr auto kOwnerCheck = std::chrono::milliseconds(100);
 
-std::uint32_t env_count(const char* name, std::uint32_t fallback) {
+// A numeric environment setting from `least` to 2^24, or `fallback` when unset.
+std::uint32_t env_count(const char* name, std::uint32_t fallback, std::uint32_t least = 1) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const unsigned long n = std::strtoul(v, &end, 10);
-  if (*end != '\0' || n == 0 || n > (1u << 24)) {
-    throw Error(
-        Errc::invalid_argument,
-        std::string(name) + "=" + v + " is not a count from 1 to 16777216; unset it or fix it");
+  if (*end != '\0' || n < least || n > (1u << 24)) {
+    throw Error(Errc::invalid_argument, std::string(name) + "=" + v + " is not a number from " +
+                                            std::to_string(least) +
+                                            " to 16777216; unset it or fix it");
   }
   return static_cast<std::uint32_t>(n);
 }
@@ -163,7 +164,7 @@ class Importer {
   std::map<int, int> device_by_uuid_hash;
   bool closer_running = false;
   // How long a mapping with no views stays open for the next tensor of its allocation.
-  const std::chrono::milliseconds linger{env_count("FERRY_CUDA_LINGER_MS", 250)};
+  const std::chrono::milliseconds linger{env_count("FERRY_CUDA_LINGER_MS", 250, 0)};
 
   void start_closer_locked() {
     if (closer_running) return;
