@@ -3,6 +3,7 @@
 #include <c10/util/strides.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -42,6 +43,15 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kFetchTimeout = std::chrono::seconds(5);
 constexpr auto kImportTimeout = std::chrono::seconds(10);
 constexpr auto kOwnerCheck = std::chrono::milliseconds(100);
+
+// Set at exit: the background threads stop touching LibTorch and CUDA while they are torn down.
+std::atomic<bool> g_exiting{false};
+
+void stop_threads_at_exit() {
+  static std::atomic<pid_t> registered{0};
+  const pid_t me = current_pid();
+  if (registered.exchange(me) != me) std::atexit([] { g_exiting = true; });
+}
 
 // A numeric environment setting from `least` to 2^24, or `fallback` when unset.
 std::uint32_t env_count(const char* name, std::uint32_t fallback, std::uint32_t least = 1) {
@@ -91,6 +101,7 @@ struct Sender {
     if (!ledger) {
       ledger = Ledger::create(env_count("FERRY_CUDA_LEASE_SLOTS", 4096));
       publish_segment(wire::kCudaLedgerSeq, ledger->segment());
+      stop_threads_at_exit();
       std::thread([l = ledger.get()] { reap(*l); }).detach();
     }
     return *ledger;
@@ -100,10 +111,11 @@ struct Sender {
   // without waiting for the next send: a check of one shared word every 20 ms, and every 100 ms
   // a look for holders that died (the supervisor's pidfd tells the pool sooner; this covers
   // any receiver).
-  [[noreturn]] static void reap(Ledger& l) {
+  static void reap(Ledger& l) {
     auto next_dead_check = Clock::now();
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (g_exiting) return;
       const bool dead_due = Clock::now() >= next_dead_check;
       if (dead_due) next_dead_check = Clock::now() + kOwnerCheck;
       if (dead_due || l.has_releases()) l.reclaim(dead_due);
@@ -169,6 +181,7 @@ class Importer {
   void start_closer_locked() {
     if (closer_running) return;
     closer_running = true;
+    stop_threads_at_exit();
     std::thread([this] { closer(); }).detach();
   }
 
@@ -182,6 +195,7 @@ class Importer {
       auto wake = next_check;
       if (auto close_at = cache.next_close(linger); close_at && *close_at < wake) wake = *close_at;
       work.wait_until(lock, wake);
+      if (g_exiting) return;
       if (Clock::now() >= next_check) {
         next_check = Clock::now() + kOwnerCheck;
         check_owners_locked();
@@ -339,9 +353,12 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
   cuda::SendFacts facts;
   facts.detached = detached;
   facts.received = is_cuda_received(t);
-  if (t.storage().nbytes() > 0)
+  // An empty tensor has no allocation to export; it crosses as an empty host tensor.
+  const bool empty = t.storage().nbytes() == 0 || t.storage().data() == nullptr;
+  if (!empty) {
     check(cuda::block_of(t.storage().data(), &facts.block),
           "locating the allocation of a CUDA tensor");
+  }
   if (to.device != -2) {
     facts.receiver.known = true;
     facts.receiver.same_process = to.pid == current_pid();
@@ -350,6 +367,8 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
         to.device >= 0 && to.device != device && !cuda::can_access_peer(to.device, device);
   }
   cuda::Decision d = cuda::decide(facts);
+  if (empty && d.route != cuda::Route::host_only)
+    d = {cuda::Route::host_copy, CopyReason::not_exportable};
 
   at::Tensor shared = t;
   cuda::BlockInfo block = facts.block;
@@ -544,10 +563,12 @@ at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, p
     if (std::string e = wire::validate_location(r, b.size); !e.empty())
       throw Error(Errc::bad_record, e);
     void* data = reinterpret_cast<std::byte*>(r.cuda_base) + r.block_offset;
-    at::Tensor view = at::from_blob(data, sizes, strides,
+    // The storage as a flat span, then the record's view on it (offset included).
+    const auto elements = static_cast<std::int64_t>(r.block_length / wire::element_size(r.dtype));
+    at::Tensor view = at::from_blob(data, {elements},
                                     at::TensorOptions().dtype(dtype).device(at::Device(
-                                        at::kCUDA, static_cast<c10::DeviceIndex>(device))));
-    view = view.as_strided(sizes, strides, r.storage_offset);
+                                        at::kCUDA, static_cast<c10::DeviceIndex>(device))))
+                          .as_strided(sizes, strides, r.storage_offset);
     at::Tensor copy = copy_on_device(view);
     // The lease may end only once the copy has read the block.
     check(cuda::stream_synchronize(current_cuda_stream(device)), "copying a same-process tensor");
