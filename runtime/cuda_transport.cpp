@@ -173,7 +173,6 @@ class Importer {
   std::condition_variable work;     // the closer has something to do
   ImportCache cache;
   std::map<EventKey, OpenedEvent> events;
-  std::map<int, int> device_by_uuid_hash;
   bool closer_running = false;
   // How long a mapping with no views stays open for the next tensor of its allocation.
   const std::chrono::milliseconds linger{env_count("FERRY_CUDA_LINGER_MS", 250, 0)};
@@ -244,18 +243,16 @@ class Importer {
     if (const std::size_t n = cache.owner_died(owner); n > 0) {
       bump(counters().cuda_peer_deaths);
       log().warn(
-          "{} exited while this process held views on {} of its CUDA allocation(s); "
-          "using them further is undefined (source_alive() reports it)",
+          "{} exited while {} of its CUDA allocation(s) were open here; views on them must not "
+          "be used further (source_alive() is false for them)",
           owner.str(), n);
     }
-    {
-      for (auto it = events.begin(); it != events.end();) {
-        if (it->first.owner == owner) {
-          (void)cuda::destroy_event(it->first.device, it->second.event);
-          it = events.erase(it);
-        } else {
-          ++it;
-        }
+    for (auto it = events.begin(); it != events.end();) {
+      if (it->first.owner == owner) {
+        (void)cuda::destroy_event(it->first.device, it->second.event);
+        it = events.erase(it);
+      } else {
+        ++it;
       }
     }
   }
@@ -309,7 +306,13 @@ bool from_this_process(const wire::Record& r) {
 int local_device(const std::uint8_t* uuid_bytes) {
   cuda::Uuid uuid{};
   std::memcpy(uuid.data(), uuid_bytes, uuid.size());
-  const int d = cuda::device_with_uuid(uuid);
+  // Asked once per device: the lookup reads every device's properties.
+  static std::mutex mu;
+  static std::map<cuda::Uuid, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(uuid);
+  if (it == known.end()) it = known.emplace(uuid, cuda::device_with_uuid(uuid)).first;
+  const int d = it->second;
   if (d < 0) {
     throw Error(Errc::invalid_argument,
                 "the sender's device " + hex_uuid(uuid_bytes) +

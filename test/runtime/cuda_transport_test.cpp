@@ -246,53 +246,45 @@ TEST_CASE("a re-exported tensor is copied by the process that forwards it", "[gp
   REQUIRE(test::wait_child(child) == 0);
 }
 
+// Sends `x` through `q` to this same process and returns what arrives, checking that one copy
+// was counted for `reason` and that the values (not the memory) are x's.
+at::Tensor round_trip_copy(TensorQueue q, const at::Tensor& x, CopyReason reason,
+                           const TensorQueue::SendOptions& opt) {
+  const auto before = reason_count(reason);
+  q.send({x}, opt);
+  at::Tensor y = q.recv(60s)[0];
+  CHECK(reason_count(reason) == before + 1);
+  CHECK(y.data_ptr() != x.data_ptr());
+  CHECK(at::equal(y.cpu(), x.cpu()));
+  return y;
+}
+
 TEST_CASE("same-process, CPU-only and detached sends copy, each with its reason", "[gpu]") {
   REQUIRE_GPU();
   const at::Tensor x = at::arange(1000, kCuda);
+  TensorQueue::SendOptions opt;
+  opt.timeout = 60s;
   {
     INFO("a receiver known to be this process: the sender copies on the device");
     auto self = TensorQueue::create({4});
     self.set_receiver(::getpid(), 0);
-    const auto before = reason_count(CopyReason::same_process);
-    self.send({x}, 60s);
-    at::Tensor y = self.recv(60s)[0];
-    CHECK(reason_count(CopyReason::same_process) == before + 1);
-    CHECK(y.data_ptr() != x.data_ptr());
-    CHECK(at::equal(y.cpu(), x.cpu()));
+    CHECK(round_trip_copy(self, x, CopyReason::same_process, opt).is_cuda());
   }
   {
     INFO("a shared queue read back by its sender: the receiver copies");
-    auto self = TensorQueue::create({4});
-    const auto before = reason_count(CopyReason::same_process);
-    self.send({x}, 60s);
-    at::Tensor y = self.recv(60s)[0];
-    CHECK(reason_count(CopyReason::same_process) == before + 1);
-    CHECK(y.data_ptr() != x.data_ptr());
-    CHECK(at::equal(y.cpu(), x.cpu()));
+    CHECK(round_trip_copy(TensorQueue::create({4}), x, CopyReason::same_process, opt).is_cuda());
   }
   {
     INFO("a CPU-only receiver gets a CPU tensor through shared memory");
     auto cpu_peer = TensorQueue::create({4});
     cpu_peer.set_receiver(::getpid() + 1, -1);
-    const auto before = reason_count(CopyReason::cpu_receiver);
-    cpu_peer.send({x}, 60s);
-    at::Tensor y = cpu_peer.recv(60s)[0];
-    CHECK(reason_count(CopyReason::cpu_receiver) == before + 1);
-    CHECK(y.device().is_cpu());
-    CHECK(at::equal(y, x.cpu()));
+    CHECK(round_trip_copy(cpu_peer, x, CopyReason::cpu_receiver, opt).device().is_cpu());
   }
   {
     INFO("a detached send is a copy the receiver owns alone");
-    auto other = TensorQueue::create({4});
-    const auto before = reason_count(CopyReason::detached);
-    TensorQueue::SendOptions opt;
-    opt.detached = true;
-    opt.timeout = 60s;
-    other.send({x}, opt);
-    CHECK(reason_count(CopyReason::detached) == before + 1);
-    at::Tensor y = other.recv(60s)[0];
-    CHECK(y.data_ptr() != x.data_ptr());
-    CHECK(at::equal(y.cpu(), x.cpu()));
+    TensorQueue::SendOptions detached = opt;
+    detached.detached = true;
+    CHECK(round_trip_copy(TensorQueue::create({4}), x, CopyReason::detached, detached).is_cuda());
   }
 }
 
