@@ -2,6 +2,7 @@
 
 #include <new>
 #include <unordered_map>
+#include <utility>
 
 #include "ipc/channel.hpp"
 #include "ipc/error.hpp"
@@ -29,8 +30,14 @@ constexpr State state_of(std::uint64_t w) {
 constexpr std::uint32_t gen_of(std::uint64_t w) {
   return static_cast<std::uint32_t>(w >> 32) & kGenMask;
 }
+// A refusal is a release whose holder field has this bit set: pids stay below 2^22.
+constexpr std::uint32_t kRefusedBit = 1u << 31;
+
 constexpr pid_t holder_of(std::uint64_t w) {
-  return static_cast<pid_t>(w & 0xffffffffu);
+  return static_cast<pid_t>(w & 0x7fffffffu);
+}
+constexpr bool refused(std::uint64_t w) {
+  return (w & kRefusedBit) != 0;
 }
 
 }  // namespace
@@ -182,6 +189,9 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
       ++i;
       continue;
     }
+    if (state_of(w) == kReleased && refused(w)) {
+      refusals_.push_back({holder_of(w), local_[slot].keepalive});
+    }
     if (lost) {
       detail::bump(detail::counters().leases_reclaimed);
       log().debug("lease {} reclaimed from pid {}, which exited holding it", slot, holder_of(w));
@@ -206,6 +216,11 @@ std::size_t Ledger::in_flight() const {
   return n;
 }
 
+std::vector<Ledger::Refusal> Ledger::take_refusals() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(refusals_, {});
+}
+
 bool Ledger::unclaimed(const Lease& lease) const noexcept {
   return slots()[lease.slot].load(std::memory_order_acquire) == word(kInFlight, lease.gen, 0);
 }
@@ -226,14 +241,25 @@ bool Ledger::claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
   }
 }
 
-void Ledger::release(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
-                     pid_t me) noexcept {
+void Ledger::end_held(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me,
+                      std::uint64_t marker) noexcept {
   auto* s = peer_slot(ledger, slot);
   if (!s) return;
   std::uint64_t expected = word(kHeld, gen, me);
-  if (s->compare_exchange_strong(expected, word(kReleased, gen, me), std::memory_order_acq_rel)) {
+  const std::uint64_t released = word(kReleased, gen, me) | marker;
+  if (s->compare_exchange_strong(expected, released, std::memory_order_acq_rel)) {
     reinterpret_cast<Header*>(ledger.data())->releases.fetch_add(1, std::memory_order_acq_rel);
   }
+}
+
+void Ledger::release(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
+                     pid_t me) noexcept {
+  end_held(ledger, slot, gen, me, 0);
+}
+
+void Ledger::refuse(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
+                    pid_t me) noexcept {
+  end_held(ledger, slot, gen, me, kRefusedBit);
 }
 
 }  // namespace ferry

@@ -6,6 +6,7 @@
 //
 //   FREE --owner sends--> IN_FLIGHT --receiver pops (inside the channel's critical section)-->
 //   HELD(pid) --receiver drops its last view--> RELEASED --owner reclaims--> FREE
+//   HELD(pid) --receiver cannot use the block at all--> RELEASED(refused by pid) --> FREE
 //
 // A generation number in the word makes stale releases harmless. The owner frees a slot when it
 // is RELEASED, when its holder died after the message left the queue, or when its message was
@@ -65,9 +66,24 @@ class Ledger {
   static bool claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me);
   static void release(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
                       pid_t me) noexcept;
+  // Ends a held lease whose block the receiver could not use (a CUDA allocation it cannot
+  // open), so the owner learns not to send that block to it again (take_refusals()).
+  static void refuse(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
+                     pid_t me) noexcept;
+
+  // Owner side: the leases refused since the last call, with who refused and what the lease
+  // kept alive.
+  struct Refusal {
+    pid_t by;
+    std::shared_ptr<void> keepalive;
+  };
+  std::vector<Refusal> take_refusals();
 
  private:
   struct Header;
+  // HELD by `me` -> RELEASED, with `marker` or'ed into the word (a refusal), and tells the owner.
+  static void end_held(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me,
+                       std::uint64_t marker) noexcept;
   struct Local {
     std::shared_ptr<void> keepalive;
     std::shared_ptr<Channel> channel;  // null until route(): not yet known to be in a queue
@@ -86,6 +102,7 @@ class Ledger {
   std::vector<std::uint32_t> free_;
   std::vector<std::uint32_t> outstanding_;  // slots not FREE, in no particular order
   std::vector<std::uint32_t> where_;        // slot -> its index in outstanding_
+  std::vector<Refusal> refusals_;
   std::uint32_t releases_seen_ = 0;
 };
 

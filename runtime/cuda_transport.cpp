@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -88,7 +89,12 @@ std::string hex_uuid(const std::uint8_t* u) {
 // another tensor) until every receiver is done with it.
 struct SentStorage {
   c10::Storage storage;
+  cuda::BlockInfo block;  // the allocation it lies in, for a receiver's refusal
 };
+
+// A receiver that could not open an allocation (cudaErrorAlreadyMapped: it has it open outside
+// ferry): later sends of that allocation to it are copied.
+using Refused = std::tuple<pid_t, int, std::uintptr_t, std::uint64_t>;  // by, device, base, id
 
 struct Sender {
   std::mutex mu;
@@ -96,6 +102,17 @@ struct Sender {
   cuda::ExportCache handles;
   cuda::EventPool events{env_count("FERRY_CUDA_EVENTS", 64)};
   std::map<int, cuda::Uuid> uuids;
+  std::set<Refused> refused;
+
+  bool refused_by_locked(pid_t pid, const cuda::BlockInfo& b) {
+    if (ledger) {
+      for (const auto& r : ledger->take_refusals()) {
+        const auto* sent = static_cast<const SentStorage*>(r.keepalive.get());
+        refused.insert({r.by, sent->block.device, sent->block.base, sent->block.buffer_id});
+      }
+    }
+    return pid != 0 && refused.count({pid, b.device, b.base, b.buffer_id}) > 0;
+  }
 
   Ledger& ledger_locked() {
     if (!ledger) {
@@ -368,6 +385,10 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
     facts.receiver.cuda = to.device >= 0;
     facts.receiver.cannot_open =
         to.device >= 0 && to.device != device && !cuda::can_access_peer(to.device, device);
+    if (!empty) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      facts.receiver.cannot_open |= s.refused_by_locked(to.pid, facts.block);
+    }
   }
   cuda::Decision d = cuda::decide(facts);
   if (empty && d.route != cuda::Route::host_only)
@@ -389,7 +410,7 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
     Ledger& ledger = s.ledger_locked();
     Ledger::Lease lease;
     try {
-      lease = ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage()}));
+      lease = ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage(), block}));
     } catch (const Error& e) {
       if (e.code() != Errc::ledger_full) throw;
       d = {cuda::Route::host_copy, CopyReason::ledger_full};
@@ -620,9 +641,13 @@ at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, p
       im.changed.notify_all();
       if (!bad.empty()) throw Error(Errc::bad_record, bad);
       if (st.already_mapped()) {
+        // The sender learns from the refusal and copies this allocation for us from now on.
+        Ledger::refuse(*ledger, r.lease_slot, r.lease_gen, me);
         throw Error(Errc::system,
                     "the sender's CUDA allocation is already open in this process outside ferry "
-                    "(e.g. by torch.multiprocessing): send it with detached=true. " +
+                    "(e.g. by torch.multiprocessing), so this message cannot be read; the sender "
+                    "is told, and copies that allocation for this process from now on when it "
+                    "knows its receiver (a pool does). Send it detached to avoid it. " +
                         st.error);
       }
       throw Error(Errc::system, "opening a peer's CUDA allocation: " + st.error);

@@ -475,3 +475,43 @@ TEST_CASE("process identity: pid, pid namespace and boot id, fresh in a forked c
   REQUIRE(test::wait_child(child) == 0);
   for (int fd : {up[0], up[1], down[0], down[1]}) ::close(fd);
 }
+
+TEST_CASE("a receiver that cannot open a block refuses its lease, and the owner learns who",
+          "[cuda]") {
+  auto ledger = Ledger::create(8);
+  auto channel = Channel::create({8, sizeof(LeaseMsg)});
+  const std::shared_ptr<Segment> segment = ledger->segment();
+  auto block = std::make_shared<int>(42);
+  for (int i = 0; i < 2; ++i) {
+    const Ledger::Lease l = ledger->acquire(block);
+    const LeaseMsg m{l.slot, l.gen};
+    ledger->route(l, channel, channel->push(&m, 1, 5s));
+  }
+  // The receiver takes both: it refuses the first (cudaErrorAlreadyMapped), uses and releases
+  // the second.
+  const pid_t receiver = test::fork_child([&] {
+    std::vector<std::byte> out;
+    for (int i = 0; i < 2; ++i) {
+      LeaseMsg m{};
+      channel->pop(out, 5s, [&](const std::byte* r, std::uint32_t, std::uint64_t) {
+        std::memcpy(&m, r, sizeof m);
+        if (!Ledger::claim(*segment, m.slot, m.gen, current_pid())) _exit(5);
+      });
+      if (i == 0) {
+        Ledger::refuse(*segment, m.slot, m.gen, current_pid());
+        Ledger::release(*segment, m.slot, m.gen, current_pid());  // too late: already ended
+      } else {
+        Ledger::release(*segment, m.slot, m.gen, current_pid());
+      }
+    }
+  });
+  REQUIRE(test::wait_child(receiver) == 0);
+  CHECK(ledger->reclaim(false) == 2);
+  std::vector<Ledger::Refusal> refusals = ledger->take_refusals();
+  REQUIRE(refusals.size() == 1);
+  CHECK(refusals[0].by == receiver);
+  CHECK(refusals[0].keepalive == block);
+  CHECK(ledger->take_refusals().empty());  // each told once
+  refusals.clear();
+  CHECK(block.use_count() == 1);  // nothing in the ledger keeps the block any more
+}
