@@ -94,8 +94,8 @@ ControlMessage recv_control(int sock, std::chrono::milliseconds timeout) {
   }
   if (msg.msg_flags & MSG_CTRUNC) {
     throw Error(Errc::fd_transfer,
-                "file descriptors on the control socket were dropped on arrival: this process is "
-                "out of file descriptors (raise ulimit -n)");
+                "file descriptors sent to this process were dropped on arrival: it is out of "
+                "file descriptors (raise ulimit -n)");
   }
   return out;
 }

@@ -1,6 +1,7 @@
-// The control socket between a supervisor and one worker: a SOCK_SEQPACKET socketpair whose
-// messages keep their boundaries and may carry file descriptors (SCM_RIGHTS). It carries the
-// start-up handshake and the queues' fds; its closing end tells either side the other is gone.
+// Messages on SOCK_SEQPACKET sockets, which keep their boundaries and may carry file descriptors
+// (SCM_RIGHTS). The control socket between a supervisor and one worker is a socketpair of them:
+// it carries the start-up handshake and the queues' fds, and its closing end tells either side
+// the other is gone. A segment fetch (segment_server.hpp) receives its answer the same way.
 #pragma once
 
 #include <chrono>

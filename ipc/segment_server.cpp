@@ -14,6 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ipc/control_socket.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
@@ -143,34 +144,6 @@ Server& local_server() {
   return *s;
 }
 
-bool recv_with_fd(int sock, Reply* reply, UniqueFd* fd) {
-  iovec iov{reply, sizeof *reply};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof *reply)) return false;
-  if (msg.msg_flags & MSG_CTRUNC) {
-    throw Error(Errc::fd_transfer,
-                "a segment fd was dropped on arrival: this process is out of file descriptors "
-                "(raise ulimit -n)");
-  }
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int received;
-      std::memcpy(&received, CMSG_DATA(c), sizeof received);
-      fd->reset(received);
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment) {
@@ -219,14 +192,16 @@ UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint3
     throw_errno(Errc::fd_transfer, "sending a segment request to pid " + std::to_string(owner_pid),
                 errno);
   }
-  Reply reply{};
-  UniqueFd fd;
-  if (!recv_with_fd(sock.get(), &reply, &fd)) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+  ControlMessage answer;
+  try {
+    answer = recv_control(sock.get(), timeout);
+  } catch (const Error& e) {
+    if (e.code() == Errc::timeout) {
       throw Error(Errc::timeout, "pid " + std::to_string(owner_pid) +
                                      " did not hand over segment " + std::to_string(seq) +
                                      " within " + std::to_string(timeout.count()) + " ms");
     }
+    if (e.code() == Errc::fd_transfer) throw;  // this process is out of descriptors
     if (!process_alive(owner_pid)) {
       throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +
                                        ") exited while handing over segment " +
@@ -236,10 +211,13 @@ UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint3
                                        " closed the connection without an answer (too many open "
                                        "files there? raise ulimit -n)");
   }
-  if (reply.status != kFound || !fd) {
+  Reply reply{};
+  if (answer.bytes.size() == sizeof reply) std::memcpy(&reply, answer.bytes.data(), sizeof reply);
+  if (reply.status != kFound || answer.fds.size() != 1) {
     throw Error(Errc::fd_transfer, "pid " + std::to_string(owner_pid) + " no longer has segment " +
                                        std::to_string(seq));
   }
+  UniqueFd fd = std::move(answer.fds[0]);
   detail::bump(detail::counters().fds_fetched);
   return fd;
 }
