@@ -306,6 +306,24 @@ void cuda_view_deleter(void* ctx) {
   delete v;
 }
 
+// What a tensor received from this very process holds: the lease on a copy the sender made for
+// it. The lease ends through the closer, after the device is done with the view.
+struct LocalView {
+  Importer* importer;
+  cuda::LeaseRef lease;
+  pid_t holder;
+};
+
+void local_view_deleter(void* ctx) {
+  auto* v = static_cast<LocalView*>(ctx);
+  if (v->holder == current_pid()) {
+    std::lock_guard<std::mutex> lock(v->importer->mu);
+    v->importer->cache.release_later(std::move(v->lease));
+    v->importer->work.notify_one();
+  }
+  delete v;
+}
+
 cuda::ProcessIdentity owner_identity(const wire::Record& r) {
   cuda::ProcessIdentity id;
   id.pid = r.owner_pid;
@@ -575,8 +593,10 @@ at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, p
   const at::IntArrayRef strides(r.strides, r.rank);
 
   if (from_this_process(r)) {
-    // A handle cannot be opened in the process that exported it, and handing the receiver the
-    // sender's own storage would alias it behind the sender's back: copy on this device.
+    // A handle cannot be opened in the process that exported it. If the sender already copied
+    // for us (it knew the receiver was this process), the copy is ours alone: view it, and let
+    // its lease end through the closer like a peer's. Otherwise the record names the sender's
+    // own storage, which must not be aliased behind its back: copy it here.
     const int device = r.device_index;
     cuda::BlockInfo b;
     check(cuda::block_of(reinterpret_cast<void*>(r.cuda_base), &b),
@@ -584,15 +604,27 @@ at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, p
     if (b.base != r.cuda_base) {
       throw Error(Errc::bad_record, "cuda_base does not start an allocation of this process");
     }
-    if (std::string e = wire::validate_location(r, b.size); !e.empty())
+    if (std::string e = wire::validate_location(r, b.size); !e.empty()) {
       throw Error(Errc::bad_record, e);
+    }
     void* data = reinterpret_cast<std::byte*>(r.cuda_base) + r.block_offset;
+    const c10::Device where(c10::kCUDA, static_cast<c10::DeviceIndex>(device));
+    if (r.flags & wire::kFlagCopied) {
+      Importer& im = importer();
+      {
+        std::lock_guard<std::mutex> lock(im.mu);
+        im.start_closer_locked();
+      }
+      auto* ctx = new LocalView{
+          &im, cuda::LeaseRef{device, std::move(ledger), r.lease_slot, r.lease_gen}, me};
+      return tensor_over(data, r.block_length, ctx, &local_view_deleter, where, dtype, sizes,
+                         strides, r.storage_offset);
+    }
     // The storage as a flat span, then the record's view on it (offset included).
     const auto elements = static_cast<std::int64_t>(r.block_length / wire::element_size(r.dtype));
-    at::Tensor view = at::from_blob(data, {elements},
-                                    at::TensorOptions().dtype(dtype).device(at::Device(
-                                        at::kCUDA, static_cast<c10::DeviceIndex>(device))))
-                          .as_strided(sizes, strides, r.storage_offset);
+    at::Tensor view =
+        at::from_blob(data, {elements}, at::TensorOptions().dtype(dtype).device(where))
+            .as_strided(sizes, strides, r.storage_offset);
     at::Tensor copy = copy_on_device(view);
     // The lease may end only once the copy has read the block.
     check(cuda::stream_synchronize(current_cuda_stream(device)), "copying a same-process tensor");
@@ -676,14 +708,19 @@ at::Tensor to_staged_device(const at::Tensor& host, const wire::Record& r) {
 }
 
 bool is_cuda_received(const at::Tensor& t) {
-  return t.defined() && t.has_storage() &&
-         t.storage().data_ptr().get_deleter() == &cuda_view_deleter;
+  if (!t.defined() || !t.has_storage()) return false;
+  const auto deleter = t.storage().data_ptr().get_deleter();
+  return deleter == &cuda_view_deleter || deleter == &local_view_deleter;
 }
 
 }  // namespace detail
 
 bool source_alive(const at::Tensor& t) {
-  if (!detail::is_cuda_received(t)) return true;
+  // Only a view on a peer's allocation can outlive its source.
+  if (!t.defined() || !t.has_storage() ||
+      t.storage().data_ptr().get_deleter() != &detail::cuda_view_deleter) {
+    return true;
+  }
   auto* v = static_cast<detail::CudaView*>(t.storage().data_ptr().get_context());
   std::lock_guard<std::mutex> lock(v->importer->mu);
   return !v->importer->cache.owner_dead(v->entry);

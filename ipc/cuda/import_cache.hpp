@@ -82,6 +82,10 @@ class ImportCache {
   // The view's storage died: its lease goes to the closer. True when the entry became IDLE.
   bool drop_view(EntryId id, LeaseRef lease, Clock::time_point now);
 
+  // A lease held for something other than a view of a cached block (a copy this process sent
+  // itself): the closer releases it with the next batch.
+  void release_later(LeaseRef lease) { release_.push_back(std::move(lease)); }
+
   // The closer's batch: leases whose views died, IDLE entries idle for `linger` now CLOSING,
   // and those acquire() marked stale. The caller synchronises, closes, then calls closed().
   struct Closing {

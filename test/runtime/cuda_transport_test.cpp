@@ -231,18 +231,20 @@ TEST_CASE("a re-exported tensor is copied by the process that forwards it", "[gp
   REQUIRE_GPU();
   auto q = TensorQueue::create({4});
   auto back = TensorQueue::create({4});
+  auto done = TensorQueue::create({4});
   const pid_t child = test::fork_child([&] {
     Tensors m = q.recv(60s);
     const auto before = reason_count(CopyReason::received);
     back.send({m[0]}, 60s);  // forwards what it received: must be a copy of its own
     expect(reason_count(CopyReason::received) == before + 1, "counted as a re-export");
-    flush(10s);
+    done.recv(60s);  // the parent reads the copy's memory, which lives in this process
   });
   at::Tensor x = at::arange(1000, kCuda);
   q.send({x}, 60s);
   at::Tensor forwarded = back.recv(60s)[0];
   CHECK(forwarded.is_cuda());
   CHECK(at::equal(forwarded.cpu(), x.cpu()));
+  done.send({}, 60s);
   REQUIRE(test::wait_child(child) == 0);
 }
 
