@@ -73,21 +73,4 @@ void* EventPool::event_at(int device, std::uint32_t slot) const noexcept {
   return slot < v.size() ? v[slot].event : nullptr;
 }
 
-std::size_t EventPool::created(int device) const {
-  if (device < 0 || static_cast<std::size_t>(device) >= by_device_.size()) return 0;
-  std::size_t n = 0;
-  for (const Slot& s : by_device_[device]) n += s.event != nullptr;
-  return n;
-}
-
-std::vector<EventPool::Created> EventPool::all() const {
-  std::vector<Created> out;
-  for (std::size_t d = 0; d < by_device_.size(); ++d) {
-    for (const Slot& s : by_device_[d]) {
-      if (s.event) out.push_back({static_cast<int>(d), s.event});
-    }
-  }
-  return out;
-}
-
 }  // namespace ferry::cuda

@@ -45,15 +45,6 @@ class EventPool {
 
   // The event in `slot` on `device`, or null.
   void* event_at(int device, std::uint32_t slot) const noexcept;
-  std::uint32_t per_device() const noexcept { return per_device_; }
-  std::size_t created(int device) const;
-
-  // Every event ever created, to destroy at exit.
-  struct Created {
-    int device;
-    void* event;
-  };
-  std::vector<Created> all() const;
 
  private:
   enum class State : std::uint8_t { free, reserved, bound };
