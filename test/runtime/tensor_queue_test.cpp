@@ -145,6 +145,31 @@ TEST_CASE("copy-on-send is counted with its reason, and forwarding a received te
   REQUIRE(after.bytes_copied - before.bytes_copied == 800);
 }
 
+TEST_CASE("a detached send copies even a shared tensor, so the receiver's view is its own",
+          "[queue]") {
+  auto q = TensorQueue::create({4});
+  auto done = TensorQueue::create({4});
+  at::Tensor t = ferry::empty_shared({256}, at::kFloat).fill_(1);
+  const pid_t child = ferry::test::fork_child([&] {
+    Tensors m = q.recv(30s);
+    done.recv(30s);  // the sender has changed its tensor by now
+    if (!m[0].equal(at::ones({256}))) ::_exit(10);
+  });
+  const auto before = ferry::transport_stats();
+  TensorQueue::SendOptions detached;
+  detached.detached = true;
+  detached.timeout = 30s;
+  q.send({t}, detached);
+  ferry::flush(30s);
+  t.fill_(2);  // a zero-copy send would show this to the receiver
+  done.send({}, 30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  const auto after = ferry::transport_stats();
+  CHECK(after.copies_by_reason[static_cast<int>(ferry::CopyReason::detached)] ==
+        before.copies_by_reason[static_cast<int>(ferry::CopyReason::detached)] + 1);
+  CHECK(after.tensors_zero_copy == before.tensors_zero_copy);
+}
+
 TEST_CASE("after warm-up, sending maps nothing and passes no fd", "[queue]") {
   auto q = TensorQueue::create({8});
   auto done = TensorQueue::create({2});
