@@ -1,5 +1,6 @@
-// The example of docs/embedding.md, run by the embedding_consumer test against an installed ferry:
-// a parent hands a shared-memory tensor to a forked child, which checks it and answers.
+// The examples of docs/embedding.md, run by the embedding_consumer test against an installed
+// ferry: a parent hands a shared-memory tensor to a forked child, which checks it and answers;
+// then a pool spawns the user's own worker executable (my_worker.cpp) and runs its task.
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,7 +67,25 @@ int parent(ferry::TensorQueue& requests, ferry::TensorQueue& replies, pid_t pid)
     std::fprintf(stderr, "parent: wrong reply\n");
     return 1;
   }
-  std::printf("ferry_consumer: ok\n");
+  std::printf("ferry_consumer: queue ok\n");
+  return 0;
+}
+
+// A pool of the user's own worker, started by spawn, runs the user's task.
+int own_worker() {
+  ferry::PoolOptions o;
+  o.devices = {"cpu"};
+  o.start = ferry::Start::Spawn;
+  o.worker_executable = MY_WORKER;
+  ferry::Pool pool(o);
+  const at::Tensor x = at::arange(1, 101, at::kFloat);
+  ferry::Tensors out = pool.submit("normalise", {x}).get();
+  const at::Tensor want = (x - x.mean()) / x.std();
+  if (out.size() != 1 || !at::allclose(out[0], want)) {
+    std::fprintf(stderr, "parent: the worker's normalise gave a wrong result\n");
+    return 1;
+  }
+  std::printf("ferry_consumer: own worker ok\n");
   return 0;
 }
 
@@ -92,7 +111,8 @@ int main() {
       // Skip the parent's atexit handlers and static destructors: they are the parent's to run.
       _exit(rc);
     }
-    return parent(requests, replies, pid);
+    if (const int rc = parent(requests, replies, pid); rc != 0) return rc;
+    return own_worker();
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "parent: %s (code %s)\n", e.what(), ferry::errc_name(e.code()));
     return 1;
