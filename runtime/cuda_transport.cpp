@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "ipc/arena.hpp"
+#include "ipc/cuda/devices.hpp"
 #include "ipc/cuda/event_pool.hpp"
 #include "ipc/cuda/export_cache.hpp"
 #include "ipc/cuda/identity.hpp"
@@ -70,17 +71,6 @@ std::uint32_t env_count(const char* name, std::uint32_t fallback, std::uint32_t 
 
 void check(const cuda::Status& s, const std::string& doing) {
   if (!s.ok()) throw Error(Errc::system, doing + ": " + s.error);
-}
-
-std::string hex_uuid(const std::uint8_t* u) {
-  static const char* digits = "0123456789abcdef";
-  std::string out = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    out += digits[u[i] >> 4];
-    out += digits[u[i] & 15];
-  }
-  return out;
 }
 
 // ---- sender -----------------------------------------------------------------------------
@@ -350,7 +340,7 @@ int local_device(const std::uint8_t* uuid_bytes) {
   const int d = it->second;
   if (d < 0) {
     throw Error(Errc::invalid_argument,
-                "the sender's device " + hex_uuid(uuid_bytes) +
+                "the sender's device " + cuda::uuid_string(uuid_bytes) +
                     " is not visible in this process (CUDA_VISIBLE_DEVICES?): make it visible, "
                     "or have the sender send t.cpu()");
   }
@@ -380,7 +370,8 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
                          const ReceiverHint& to, bool detached) {
   check_sendable(t, index);
   const int device = t.device().index();
-  if (is_cuda_received(t) && !source_alive(t)) {
+  const bool received = is_cuda_received(t);
+  if (received && !source_alive(t)) {
     throw Error(Errc::peer_dead, "tensor " + std::to_string(index) +
                                      " of the message is a view on CUDA memory of a process "
                                      "that has exited; it cannot be sent on");
@@ -390,7 +381,7 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
 
   cuda::SendFacts facts;
   facts.detached = detached;
-  facts.received = is_cuda_received(t);
+  facts.received = received;
   // An empty tensor has no allocation to export; it crosses as an empty host tensor.
   const bool empty = t.storage().nbytes() == 0 || t.storage().data() == nullptr;
   if (!empty) {

@@ -27,22 +27,6 @@ std::string describe(const char* call, cudaError_t err) {
          ")";
 }
 
-std::string format_uuid(const cudaUUID_t& id) {
-  // nvidia-smi's spelling, so users can match a device to CUDA_VISIBLE_DEVICES=GPU-... entries.
-  static constexpr int kGroups[] = {4, 2, 2, 2, 6};
-  std::string out = "GPU";
-  int byte = 0;
-  for (int group : kGroups) {
-    out += '-';
-    for (int i = 0; i < group; ++i, ++byte) {
-      char hex[3];
-      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(id.bytes[byte]));
-      out += hex;
-    }
-  }
-  return out;
-}
-
 // Why cudaGetDeviceCount found nothing, in words that say what to fix.
 std::string no_devices_reason(cudaError_t err, const CudaStatus& s) {
   if (err == cudaErrorStubLibrary) {
@@ -103,7 +87,7 @@ DeviceInfo probe_device(int index) {
     return d;
   }
   d.name = prop.name;
-  d.uuid = format_uuid(prop.uuid);
+  d.uuid = uuid_string(reinterpret_cast<const std::uint8_t*>(prop.uuid.bytes));
   d.major = prop.major;
   d.minor = prop.minor;
   d.total_memory = prop.totalGlobalMem;

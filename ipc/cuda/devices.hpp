@@ -3,15 +3,29 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ferry::cuda {
 
+// A device UUID as nvidia-smi prints it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"), so users
+// can match it against CUDA_VISIBLE_DEVICES=GPU-... entries.
+inline std::string uuid_string(const std::uint8_t* bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 0 || i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 15];
+  }
+  return out;
+}
+
 struct DeviceInfo {
   int index = 0;     // the runtime's ordinal, i.e. after CUDA_VISIBLE_DEVICES
   std::string name;  // e.g. "NVIDIA H100 80GB HBM3"
-  std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints
+  std::string uuid;  // uuid_string(): "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   int major = 0;     // compute capability
   int minor = 0;
   std::size_t total_memory = 0;     // bytes

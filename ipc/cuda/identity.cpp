@@ -56,13 +56,4 @@ const ProcessIdentity& this_process() noexcept {
   return id;
 }
 
-ProcessIdentity identity_of(pid_t pid) noexcept {
-  ProcessIdentity id;
-  id.pid = pid;
-  id.boot_id = this_process().boot_id;
-  const std::string path = "/proc/" + std::to_string(pid) + "/ns/pid";
-  id.pid_ns = pid_ns_of(path.c_str());
-  return id;
-}
-
 }  // namespace ferry::cuda

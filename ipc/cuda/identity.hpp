@@ -25,8 +25,4 @@ struct ProcessIdentity {
 // This process's identity (read once, refreshed after fork).
 const ProcessIdentity& this_process() noexcept;
 
-// The identity of live process `pid` as this process sees it (its pid namespace read from
-// /proc); pid_ns is 0 when /proc does not show it.
-ProcessIdentity identity_of(pid_t pid) noexcept;
-
 }  // namespace ferry::cuda

@@ -26,12 +26,10 @@ Decision decide(const SendFacts& f) noexcept {
   if (to.known && !to.cuda) return copy(Route::host_only, CopyReason::cpu_receiver);
   if (!f.ledger_has_room) return copy(Route::host_copy, CopyReason::ledger_full);
   if (to.known && to.cannot_open) return copy(Route::host_copy, CopyReason::peer_cannot_open);
-  // Without IPC on the device no copy on it could be exported either.
-  if (!f.device_ipc) return copy(Route::host_copy, CopyReason::not_exportable);
   if (f.detached) return copy(Route::device_copy, CopyReason::detached);
   if (f.received) return copy(Route::device_copy, CopyReason::received);
   if (to.known && to.same_process) return copy(Route::device_copy, CopyReason::same_process);
-  if (f.block.kind != MemoryKind::device || !f.block.legacy_ipc || !f.device_ipc) {
+  if (f.block.kind != MemoryKind::device || !f.block.legacy_ipc) {
     return copy(Route::device_copy, CopyReason::not_exportable);
   }
   return {Route::zero_copy, std::nullopt};

@@ -25,7 +25,6 @@ struct SendFacts {
   bool detached = false;        // the caller asked for a copy
   bool received = false;        // the tensor was itself received from a peer
   BlockInfo block;              // what the driver says about its memory
-  bool device_ipc = true;       // the device supports legacy IPC (unified addressing, Linux)
   bool ledger_has_room = true;  // a CUDA lease slot is free
   Receiver receiver;
 };

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "../gpu_check.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "runtime/ferry.hpp"
 
@@ -73,27 +74,6 @@ int reap(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Why there is no GPU to measure ("" when there is), asked in a child to stay fork-safe.
-std::string gpu_unavailable() {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t child = fork_child([&] {
-    std::string why;
-    if (!at::hasCUDA()) {
-      why = "ferry was built against a LibTorch without CUDA";
-    } else if (!ferry::cuda::available()) {
-      why = "no CUDA device (or driver) on this machine";
-    }
-    (void)!::write(fds[1], why.data(), why.size());
-  });
-  ::close(fds[1]);
-  char buf[256];
-  const ssize_t n = ::read(fds[0], buf, sizeof buf);
-  ::close(fds[0]);
-  reap(child);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
 }
 
 // The parent sends one persistent 1 MiB tensor, the child answers with its own: after warm-up
@@ -234,7 +214,7 @@ int main(int argc, char** argv) {
   }
 
   json doc;
-  if (const std::string why = gpu_unavailable(); !why.empty()) {
+  if (const std::string why = ferry::test::gpu_unavailable(); !why.empty()) {
     std::printf("ferry-cuda-bench: skipped: %s\n", why.c_str());
     doc = {{"status", "skipped"}, {"reason", why}};
   } else {

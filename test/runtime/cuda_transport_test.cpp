@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "../gpu_check.hpp"
 #include "../test_util.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/process.hpp"
@@ -27,31 +28,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Why this machine cannot run the GPU tests ("" when it can), asked in a child.
-std::string gpu_unavailable() {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t child = test::fork_child([&] {
-    std::string why;
-    if (!at::hasCUDA()) {
-      why = "this LibTorch was built without CUDA";
-    } else if (!cuda::available()) {
-      why = "no CUDA device (or driver) on this machine";
-    }
-    (void)!::write(fds[1], why.data(), why.size());
-  });
-  ::close(fds[1]);
-  char buf[256];
-  const ssize_t n = ::read(fds[0], buf, sizeof buf);
-  ::close(fds[0]);
-  test::wait_child(child);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
-}
-
 // Ends the test process as skipped: ctest reads exit code 77 as "Skipped" and shows the reason.
 #define REQUIRE_GPU()                                             \
   do {                                                            \
-    const std::string why_ = gpu_unavailable();                   \
+    const std::string why_ = test::gpu_unavailable();             \
     if (!why_.empty()) {                                          \
       std::fprintf(stderr, "SKIP: GPU test: %s\n", why_.c_str()); \
       std::fflush(nullptr);                                       \
