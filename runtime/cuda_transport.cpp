@@ -69,8 +69,14 @@ std::uint32_t env_count(const char* name, std::uint32_t fallback, std::uint32_t 
   return static_cast<std::uint32_t>(n);
 }
 
+// A failed CUDA call as an error at the API edge: what ferry was doing, what CUDA said, and the
+// way around CUDA IPC that always exists.
 void check(const cuda::Status& s, const std::string& doing) {
-  if (!s.ok()) throw Error(Errc::system, doing + ": " + s.error);
+  if (!s.ok()) {
+    throw Error(Errc::system, doing + ": " + s.error +
+                                  ". Remedy: check the device and driver (ferry-shm check); "
+                                  "sending t.cpu() avoids CUDA IPC");
+  }
 }
 
 // ---- sender -----------------------------------------------------------------------------
