@@ -1,71 +1,46 @@
+// The pool: the public API over the supervisor's parts (runtime/supervisor/): the task book
+// (which task is where), one WorkerProcess per slot (launch, handshake, death, restart), the
+// restart policy, and the monitor thread that waits and wakes this glue. Any thread submits and
+// dispatches; collector threads complete; only the monitor thread starts, kills and reaps.
 #include "runtime/pool.hpp"
 
 #include <poll.h>
 #include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 
 #include "ipc/arena.hpp"
-#include "ipc/control_socket.hpp"
 #include "ipc/log.hpp"
-#include "ipc/process.hpp"
 #include "runtime/cuda_ipc.hpp"
 #include "runtime/cuda_transport.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/supervisor/monitor.hpp"
+#include "runtime/supervisor/task_book.hpp"
+#include "runtime/supervisor/worker_process.hpp"
 #include "runtime/worker_protocol.hpp"
 
 namespace ferry {
 namespace {
 
+using supervisor::HandOver;
+using supervisor::StartFailure;
+using supervisor::TaskBook;
+using supervisor::TaskPtr;
+using supervisor::WorkerProcess;
 using Completion = std::function<void(Pool::Result&&)>;
-constexpr int kMaxStartFailures = 5;  // in a row, before a worker slot is given up
 constexpr auto kSendTimeout = std::chrono::seconds(10);  // the queues are sized never to fill
 
-struct Task {
-  std::uint64_t id = 0;
-  std::uint32_t task_index = 0;
-  std::string name;
-  std::size_t index = 0;
-  Tensors inputs;  // kept until the task ends: a retry sends them again
-  Completion done;
-  std::uint32_t attempts = 0;  // hand-overs to a worker so far
-  int worker = -1;             // slot holding it; -1 while pending
-  int last_worker = -1;        // where the last attempt was lost, avoided for the retry
-  Clock::time_point submitted;
-  std::string lost_because;
-};
-
-// A worker slot's life (every transition under State::mu; only the monitor thread starts and
-// reaps processes):
-//   Down --respawn due--> Starting --handshake ok--> Ready --process exits--> Down
-//   Starting --handshake fails--> Down, with back-off; kMaxStartFailures in a row --> Failed
-//   any --close()--> Stopped
-enum class SlotState { Down, Starting, Ready, Failed, Stopped };
-
-struct Slot {
-  int id = 0;
-  std::string device;
-  SlotState state = SlotState::Down;
-  pid_t pid = -1;
-  UniqueFd pidfd, control;
-  std::optional<TensorQueue> tasks, results;
-  std::thread collector;
-  std::vector<std::uint64_t> inflight;  // hand-over order: a worker runs its queue in order
-  Clock::time_point head_since;         // when inflight.front() could start running
-  std::string kill_reason;              // set when the supervisor kills the process
-  int start_failures = 0;
-  Clock::time_point respawn_at;
+// What threads other than the monitor may know of a slot (under State::mu; the monitor writes).
+struct Published {
+  std::optional<TensorQueue> tasks;         // while the worker takes tasks
+  std::string kill_request;                 // a collector or dispatcher asks the monitor to kill it
+  bool started_once = false;                // later starts are restarts
   WorkerStats stats;                        // counters of earlier processes folded in
   protocol::ResultEnvelope process_counts;  // the current process's transport counters
 };
@@ -87,39 +62,48 @@ std::string normalise_device(const std::string& d) {
               "device '" + d + "' is not one of cpu, cuda, cuda:N (e.g. --devices cpu,cuda:0)");
 }
 
+std::string describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
 }  // namespace
 
 struct Pool::State {
   PoolOptions opt;
-  std::string executable;  // for spawn, found on first need
-  int threads = 1;
+  supervisor::LaunchSpec spec;
+  std::vector<std::unique_ptr<WorkerProcess>> workers;  // the monitor thread's alone
 
   mutable std::mutex mu;
   std::condition_variable changed;  // room for submitters, drain progress for close()
-  std::vector<std::unique_ptr<Slot>> slots;
-  std::unordered_map<std::uint64_t, std::shared_ptr<Task>> tasks;  // admitted, not ended
-  std::deque<std::shared_ptr<Task>> pending;                       // admitted, not handed over
+  std::unique_ptr<TaskBook> book;
+  std::vector<Published> pub;
   std::vector<std::string> task_names;
-  std::uint64_t next_id = 1, next_submission = 0;
+  std::uint64_t next_submission = 0;
+  bool started = false;   // every worker handshook once: the constructor returned
   bool closing = false;   // submissions refused
   bool stopping = false;  // the monitor stops the workers and returns
   bool closed = false;    // close() finished
-  std::string fatal;      // no worker can be started: why
-  PoolStats totals;
+  std::string fatal;      // no worker can run: why
+  PoolStats totals;       // input tallies
 
-  UniqueFd wake;  // eventfd: rouses the monitor
-  std::thread monitor;
-  std::mutex close_mu;  // one close() at a time
+  supervisor::Monitor monitor;
+  std::thread monitor_thread;
+  std::optional<Error> startup_error;  // monitor thread only
+  std::mutex close_mu;                 // one close() at a time
 
-  std::size_t capacity() const {
-    return slots.size() * static_cast<std::size_t>(opt.max_inflight_per_worker);
+  std::size_t capacity() const { return book->capacity(); }
+  bool is_stopping() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return stopping;
   }
-  void rouse() const {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake.get(), &one, sizeof one);
-  }
 
-  // ---- submission -------------------------------------------------------------------------
+  // ---- submission and dispatch (any thread) ------------------------------------------------
   void submit(const std::string& name, Tensors inputs, std::optional<std::size_t> index,
               std::chrono::milliseconds timeout, Completion done) {
     if (inputs.size() > protocol::kMaxTensorsPerTask) {
@@ -128,10 +112,19 @@ struct Pool::State {
                       " tensors; a task takes at most " +
                       std::to_string(protocol::kMaxTensorsPerTask) + " (stack or batch them)");
     }
-    auto task = std::make_shared<Task>();
+    auto task = std::make_shared<supervisor::Task>();
     task->name = name;
     task->inputs = std::move(inputs);
-    task->done = std::move(done);
+    task->done = [done = std::move(done)](supervisor::Task& t, std::exception_ptr error,
+                                          Tensors outputs, int worker) {
+      Result r;
+      r.index = t.index;
+      r.outputs = std::move(outputs);
+      r.error = std::move(error);
+      r.latency = Clock::now() - t.admitted;
+      r.worker = worker;
+      done(std::move(r));
+    };
     {
       std::unique_lock<std::mutex> lock(mu);
       const auto it = std::find(task_names.begin(), task_names.end(), name);
@@ -141,7 +134,7 @@ struct Pool::State {
                         "); register it with FERRY_TASK in the worker");
       }
       task->task_index = static_cast<std::uint32_t>(it - task_names.begin());
-      auto admissible = [&] { return closing || !fatal.empty() || tasks.size() < capacity(); };
+      auto admissible = [&] { return closing || !fatal.empty() || !book->full(); };
       if (timeout.count() < 0) {
         changed.wait(lock, admissible);
       } else if (!changed.wait_for(lock, timeout, admissible)) {
@@ -151,19 +144,15 @@ struct Pool::State {
       }
       if (closing) throw Error(Errc::closed, "the pool is closed; task '" + name + "' not run");
       if (!fatal.empty()) throw Error(Errc::worker_lost, fatal);
-      task->id = next_id++;
       task->index = index ? *index : next_submission++;
-      task->submitted = Clock::now();
-      tasks.emplace(task->id, task);
-      pending.push_back(task);
-      ++totals.submitted;
+      book->admit(task, Clock::now());
     }
     dispatch();
   }
 
   // How a task's inputs travel to a worker on `device`, counted at their first hand-over: arena
   // tensors and CUDA tensors the worker can open by handle go zero-copy, the rest is copied.
-  void tally_inputs(const Task& task, const std::string& device) {
+  void tally_inputs(const supervisor::Task& task, const std::string& device) {
     for (const auto& t : task.inputs) {
       const auto bytes = static_cast<std::uint64_t>(t.defined() ? t.nbytes() : 0);
       const bool in_place =
@@ -179,141 +168,88 @@ struct Pool::State {
     }
   }
 
-  // Hands pending tasks to workers with room. Any thread may call it; each hand-over is
-  // decided under the lock and sent outside it.
+  // Sends what the book hands over; each hand-over is decided under the lock, sent outside it.
   void dispatch() {
     for (;;) {
       std::unique_lock<std::mutex> lock(mu);
-      if (pending.empty()) return;
-      const std::shared_ptr<Task> task = pending.front();
-      Slot* best = nullptr;
-      for (auto& sp : slots) {
-        Slot& s = *sp;
-        if (s.state != SlotState::Ready || !s.kill_reason.empty() ||
-            s.inflight.size() >= static_cast<std::size_t>(opt.max_inflight_per_worker)) {
-          continue;
-        }
-        // Least loaded first; a retry avoids the worker it was lost on when it can.
-        auto rank = [&](const Slot& x) {
-          return std::make_pair(x.id == task->last_worker, x.inflight.size());
-        };
-        if (!best || rank(s) < rank(*best)) best = &s;
-      }
-      if (!best) return;
-      pending.pop_front();
-      task->worker = best->id;
-      ++task->attempts;
-      if (best->inflight.empty()) best->head_since = Clock::now();
-      best->inflight.push_back(task->id);
-      if (task->attempts == 1) tally_inputs(*task, best->device);
-      TensorQueue queue = *best->tasks;
-      const protocol::TaskEnvelope env{task->id, task->attempts, task->task_index};
-      Slot& slot = *best;
+      const std::optional<HandOver> h = book->next_hand_over(Clock::now());
+      if (!h) return;
+      TensorQueue queue = *pub[h->worker].tasks;  // open workers have one
+      const std::string device = workers[h->worker]->device();
+      if (h->first) tally_inputs(*h->task, device);
+      const protocol::TaskEnvelope env{h->task->id, h->attempt, h->task->task_index};
       lock.unlock();
-
       try {
         Tensors message;
-        message.reserve(task->inputs.size() + 1);
+        message.reserve(h->task->inputs.size() + 1);
         message.push_back(protocol::pack(env));
-        message.insert(message.end(), task->inputs.begin(), task->inputs.end());
+        message.insert(message.end(), h->task->inputs.begin(), h->task->inputs.end());
         queue.send(message, kSendTimeout);
       } catch (const Error& e) {
         if (e.code() == Errc::closed || e.code() == Errc::peer_dead) {
           continue;  // the worker is going; its exit hands the task back for a retry
         }
         if (e.code() == Errc::timeout) {
-          kill_worker(slot, "its task queue stayed full for 10 s");
+          request_kill(h->worker, "its task queue stayed full for 10 s");
           continue;
         }
         // The inputs cannot travel (bad tensor, no shared memory left): fail this task only.
-        std::unique_lock<std::mutex> relock(mu);
-        if (task->worker != slot.id || task->attempts != env.attempt) continue;
-        auto& in = slot.inflight;
-        in.erase(std::remove(in.begin(), in.end(), task->id), in.end());
-        tasks.erase(task->id);
-        ++totals.failed;
-        changed.notify_all();
-        relock.unlock();
-        finish(*task, std::make_exception_ptr(
-                          TaskError(e.code(), task->name, task->index, -1, slot.device, -1,
-                                    "its inputs could not be handed to a worker: " + e.detail())));
+        TaskPtr t;
+        {
+          std::lock_guard<std::mutex> relock(mu);
+          t = book->hand_over_failed(*h);
+          changed.notify_all();
+        }
+        if (t) {
+          end_task(*t, std::make_exception_ptr(
+                           TaskError(e.code(), t->name, t->index, -1, device, -1,
+                                     "its inputs could not be handed to a worker: " + e.detail())));
+        }
       }
     }
   }
 
-  void finish(Task& task, std::exception_ptr error, Tensors outputs = {}, int worker = -1) {
-    Result r;
-    r.index = task.index;
-    r.outputs = std::move(outputs);
-    r.error = std::move(error);
-    r.latency = Clock::now() - task.submitted;
-    r.worker = worker;
-    task.inputs.clear();
-    task.done(std::move(r));
+  static void end_task(supervisor::Task& t, std::exception_ptr error, Tensors outputs = {},
+                       int worker = -1) {
+    t.inputs.clear();
+    t.done(t, std::move(error), std::move(outputs), worker);
   }
 
-  // Kills a live worker on the supervisor's decision; its exit is then handled like a crash.
-  void kill_worker(Slot& s, const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (s.state != SlotState::Ready || !s.kill_reason.empty()) return;
-    s.kill_reason = "killed by the supervisor: " + why;
-    log().warn("worker {} ({}, pid {}) {}", s.id, s.device, s.pid, s.kill_reason);
-    ::kill(s.pid, SIGKILL);
+  // Asks the monitor to kill worker `w` (from a collector or a dispatcher); no more hand-overs.
+  void request_kill(int w, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!pub[w].tasks || !pub[w].kill_request.empty()) return;
+      pub[w].kill_request = why;
+      book->set_open(w, false);
+    }
+    monitor.rouse();
   }
 
-  // ---- results (one collector thread per worker process) ----------------------------------
-  void collect(Slot& s, TensorQueue results) {
-    for (;;) {
-      Tensors message;
-      try {
-        message = results.recv(kForever);  // ends on close() or when the worker has exited
-      } catch (const Error& e) {
-        if (e.code() == Errc::closed) return;
-        if (e.code() == Errc::peer_dead && results.size() == 0) return;
-        // The message is gone, and its task with it unless the worker is killed and the task
-        // retried; a dead worker's unreadable leftovers end the same way.
-        kill_worker(s, "it sent a result the supervisor could not read (" + e.detail() + ")");
-        continue;
-      }
-      protocol::ResultEnvelope env;
-      try {
-        if (message.empty()) throw Error(Errc::bad_record, "an empty result message");
-        env = protocol::unpack_result(message[0]);
-      } catch (const Error& e) {
-        kill_worker(s, "it sent a malformed result (" + e.detail() + ")");
-        continue;
-      }
-      complete(s, env, std::move(message));
+  // ---- results (a collector thread per worker process) --------------------------------------
+  void on_result(int w, Tensors message) {
+    protocol::ResultEnvelope env;
+    try {
+      if (message.empty()) throw Error(Errc::bad_record, "an empty result message");
+      env = protocol::unpack_result(message[0]);
+    } catch (const Error& e) {
+      request_kill(w, "it sent a malformed result (" + e.detail() + ")");
+      return;
     }
-  }
-
-  void complete(Slot& s, const protocol::ResultEnvelope& env, Tensors message) {
-    std::unique_lock<std::mutex> lock(mu);
-    s.process_counts = env;
-    const auto it = tasks.find(env.task_id);
-    if (it == tasks.end() || it->second->worker != s.id || it->second->attempts != env.attempt) {
-      return;  // ended already (cancelled, or timed out and retried): the result is stale
+    TaskPtr t;
+    pid_t pid = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pub[w].process_counts = env;
+      t = book->complete(w, env.task_id, env.attempt, env.ok, Clock::now());
+      pid = pub[w].stats.pid;
+      if (t) changed.notify_all();
     }
-    const std::shared_ptr<Task> task = it->second;
-    tasks.erase(it);
-    auto& in = s.inflight;
-    const bool was_head = !in.empty() && in.front() == task->id;
-    in.erase(std::remove(in.begin(), in.end(), task->id), in.end());
-    if (was_head) s.head_since = Clock::now();
-    const pid_t pid = s.pid;
-    if (env.ok) {
-      ++s.stats.tasks_done;
-      ++totals.completed;
-    } else {
-      ++s.stats.tasks_failed;
-      ++totals.failed;
-    }
-    changed.notify_all();
-    lock.unlock();
-
+    if (!t) return;  // stale: that attempt had ended (cancelled, or timed out and retried)
+    const std::string& device = workers[w]->device();
     if (env.ok) {
       message.erase(message.begin());
-      finish(*task, nullptr, std::move(message), s.id);
+      end_task(*t, nullptr, std::move(message), w);
     } else {
       std::string text = "(no message)";
       try {
@@ -321,395 +257,306 @@ struct Pool::State {
       } catch (const Error& e) {
         text = e.detail();
       }
-      finish(*task,
-             std::make_exception_ptr(
-                 TaskError(Errc::task_failed, task->name, task->index, s.id, s.device, pid, text)),
-             {}, s.id);
+      end_task(*t,
+               std::make_exception_ptr(
+                   TaskError(Errc::task_failed, t->name, t->index, w, device, pid, text)),
+               {}, w);
     }
     dispatch();
   }
 
-  // ---- worker processes (monitor thread only) ---------------------------------------------
-  void start(Slot& s) {
-    const Start how = resolve_start(opt.start);
-    if (how == Start::Spawn && executable.empty()) {
-      executable = find_worker_executable(opt.worker_executable);
+  // ---- worker processes (the monitor thread) ------------------------------------------------
+  void launch(int w) {
+    std::vector<int> others;  // a forked child keeps none of the supervisor's other links
+    for (const auto& x : workers) {
+      if (x->pidfd() >= 0) others.push_back(x->pidfd());
+      if (x->control_fd() >= 0) others.push_back(x->control_fd());
     }
-    const std::uint32_t cap = static_cast<std::uint32_t>(opt.max_inflight_per_worker) *
-                              static_cast<std::uint32_t>(protocol::kMaxTensorsPerTask + 1);
-    TensorQueue tasks_q = TensorQueue::create({cap});
-    TensorQueue results_q = TensorQueue::create({cap});
-    auto [mine, theirs] = control_socket_pair();
-    // A forked child holds none of the supervisor's other links, so no worker keeps another's
-    // control socket open after the supervisor has gone.
-    std::vector<int> close_in_child{wake.get(), mine.get()};
-    for (auto& other : slots) {
-      if (other->control) close_in_child.push_back(other->control.get());
-      if (other->pidfd) close_in_child.push_back(other->pidfd.get());
-    }
-    const std::string who = "worker " + std::to_string(s.id) + " (" + s.device + ")";
-    LaunchedWorker w = launch_worker(how, theirs.get(), executable, close_in_child);
-    theirs.reset();
-
-    auto fail = [&](const std::string& why) {
-      ::kill(w.pid, SIGKILL);
-      int status = 0;
-      ::waitpid(w.pid, &status, 0);
-      throw Error(Errc::handshake, who + " " + why);
-    };
-    protocol::Welcome welcome;
-    try {
-      protocol::Hello hello;
-      hello.supervisor_pid = ::getpid();
-      hello.worker_id = s.id;
-      hello.device = s.device;
-      hello.threads = threads;
-      hello.config = opt.config;
-      send_control(mine.get(), protocol::encode(hello), {tasks_q.fd(), results_q.fd()});
-      welcome = protocol::decode_welcome(recv_control(mine.get(), opt.start_timeout).bytes);
-    } catch (const Error& e) {
-      if (e.code() == Errc::peer_dead) {
-        int status = 0;
-        ::waitpid(w.pid, &status, 0);
-        throw Error(Errc::handshake,
-                    who + " ended during its start-up, " + describe_wait_status(status) +
-                        (how == Start::Spawn ? " (worker executable '" + executable + "')" : "") +
-                        "; its own message, if any, is on stderr above");
-      }
-      if (e.code() == Errc::timeout) {
-        fail("did not answer its handshake within " + std::to_string(opt.start_timeout.count()) +
-             " ms (raise PoolOptions::start_timeout if the machine is very slow)");
-      }
-      fail("failed its handshake: " + e.detail());
-    }
-    if (welcome.version != protocol::kVersion) {
-      fail("speaks protocol version " + std::to_string(welcome.version) +
-           ", this supervisor version " + std::to_string(protocol::kVersion) +
-           ": the worker program is from another ferry build; rebuild it against this libferry");
-    }
-    if (!welcome.error.empty()) fail("refused to start: " + welcome.error);
-    if (welcome.pid != w.pid) {
-      fail("answered as pid " + std::to_string(welcome.pid) + ", not " + std::to_string(w.pid));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (task_names.empty()) {
-        task_names = welcome.tasks;
-      } else if (task_names != welcome.tasks) {
-        fail("has tasks [" + join_names(welcome.tasks) + "] but the pool's others have [" +
-             join_names(task_names) + "]; every worker must run the same program");
-      }
-    }
-    for (const auto& need : opt.require_tasks) {
-      if (std::find(welcome.tasks.begin(), welcome.tasks.end(), need) == welcome.tasks.end()) {
-        fail("has no task '" + need + "' (it has: " + join_names(welcome.tasks) +
-             "); register it with FERRY_TASK in the worker program");
-      }
-    }
-
-    // CUDA inputs go to this worker by IPC when it can open them, else through shared memory.
-    tasks_q.set_receiver(w.pid, s.device == "cpu" ? -1 : std::stoi(s.device.substr(5)));
-    std::lock_guard<std::mutex> lock(mu);
-    s.pid = w.pid;
-    s.pidfd = std::move(w.pidfd);
-    s.control = std::move(mine);
-    s.tasks = tasks_q;
-    s.results = results_q;
-    s.kill_reason.clear();
-    s.start_failures = 0;
-    s.process_counts = {};
-    s.stats.pid = w.pid;
-    s.stats.start = start_name(how);
-    s.state = SlotState::Ready;
-    s.collector = std::thread([this, &s, results_q] { collect(s, results_q); });
-    log().debug("{} ready as pid {}", who, s.pid);
-  }
-
-  // Reaps a worker whose pidfd turned readable and hands its unfinished tasks back.
-  void reap(Slot& s) {
-    int status = 0;
-    const bool got = ::waitpid(s.pid, &status, 0) == s.pid;
-    const std::string how =
-        got ? describe_wait_status(status) : "ended (its status was reaped elsewhere)";
-    std::optional<TensorQueue> tasks_q, results_q;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      s.state = SlotState::Down;
-      tasks_q = std::move(s.tasks);
-      results_q = std::move(s.results);
-      s.tasks.reset();
-      s.results.reset();
-    }
-    if (!stopping) log().warn("worker {} ({}, pid {}) {}", s.id, s.device, s.pid, how);
-    // Results that arrived before the death are real: deliver them before retrying anything.
-    if (results_q) results_q->close();
-    if (s.collector.joinable()) s.collector.join();
-    // Views on the worker's CUDA results are marked now rather than at the next liveness check.
-    notify_peer_exit(s.pid);
-
-    std::vector<std::shared_ptr<Task>> lost, retry;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      const std::string reason = s.kill_reason.empty() ? how : s.kill_reason + ", " + how;
-      for (std::uint64_t id : s.inflight) {
-        const auto it = tasks.find(id);
-        if (it == tasks.end()) continue;
-        const std::shared_ptr<Task>& t = it->second;
-        t->worker = -1;
-        t->last_worker = s.id;
-        t->lost_because = "worker " + std::to_string(s.id) + " (" + s.device + ", pid " +
-                          std::to_string(s.pid) + ") " + reason;
-        ++s.stats.tasks_lost;
-        if (t->attempts > static_cast<std::uint32_t>(opt.max_retries)) {
-          lost.push_back(t);
-          tasks.erase(it);
-          ++totals.failed;
-        } else {
-          retry.push_back(t);
-        }
-      }
-      s.inflight.clear();
-      pending.insert(pending.begin(), retry.begin(), retry.end());
-      totals.retried += retry.size();
-      s.stats.last_exit = how;
-      s.stats.pid = -1;
-      s.stats.tensors_zero_copy += s.process_counts.tensors_zero_copy;
-      s.stats.bytes_zero_copy += s.process_counts.bytes_zero_copy;
-      s.stats.tensors_copied += s.process_counts.tensors_copied;
-      s.stats.bytes_copied += s.process_counts.bytes_copied;
-      s.process_counts = {};
-      s.pid = -1;
-      s.pidfd.reset();
-      s.control.reset();
-      s.respawn_at = Clock::now();
-      changed.notify_all();
-    }
-    for (auto& t : lost) {
-      finish(*t, std::make_exception_ptr(
-                     TaskError(Errc::worker_lost, t->name, t->index, -1, s.device, -1,
-                               "lost with its worker on all " + std::to_string(t->attempts) +
-                                   " attempt(s); the last: " + t->lost_because)));
-    }
-    if (tasks_q) discard_queued(*tasks_q);
-    // The dead worker's leases on the supervisor's memory come back now, not on the next send.
-    if (Ledger* ledger = Arena::local().existing_ledger()) ledger->reclaim(true);
-  }
-
-  // Closes a task queue and takes back what no worker will read, so the leases those messages
-  // hold on the supervisor's memory end.
-  static void discard_queued(TensorQueue& q) {
-    q.close();
-    for (;;) {
-      try {
-        q.recv(std::chrono::milliseconds(0));
-      } catch (const Error&) {
-        if (q.size() == 0) return;
-      }
+    if (auto failure = workers[w]->launch(spec, std::move(others), ::getpid())) {
+      start_failed(w, *failure);
     }
   }
 
-  void respawn_due() {
-    const auto now = Clock::now();
-    for (auto& sp : slots) {
-      Slot& s = *sp;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (stopping || s.state != SlotState::Down || s.respawn_at > now) continue;
-        s.state = SlotState::Starting;
-      }
-      try {
-        start(s);
-        std::lock_guard<std::mutex> lock(mu);
-        ++s.stats.restarts;
-      } catch (const Error& e) {
-        give_up_or_retry(s, e);
-      }
-    }
-  }
-
-  void give_up_or_retry(Slot& s, const Error& e) {
-    std::vector<std::shared_ptr<Task>> doomed;
+  void finish_start(int w) {
+    WorkerProcess& p = *workers[w];
+    std::vector<std::string> names;
     {
       std::lock_guard<std::mutex> lock(mu);
-      ++s.start_failures;
-      s.stats.last_exit = e.detail();
-      if (s.start_failures < kMaxStartFailures) {
-        s.state = SlotState::Down;
-        s.respawn_at = Clock::now() + std::chrono::milliseconds(100 << s.start_failures);
-        log().error("{}; retrying", e.detail());
+      names = task_names;
+    }
+    auto failure = p.finish_start(
+        spec, names, [this, w](Tensors m) { on_result(w, std::move(m)); },
+        [this, w](const Error& e) {
+          request_kill(w, "it sent a result the supervisor could not read (" + e.detail() + ")");
+        });
+    if (failure) return start_failed(w, *failure);
+    if (p.phase() != WorkerProcess::Phase::Ready) return;  // woken early
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (task_names.empty()) task_names = names;
+      Published& x = pub[w];
+      x.tasks = p.tasks();
+      x.kill_request.clear();
+      x.process_counts = {};
+      x.stats.pid = p.pid();
+      x.stats.start = start_name(p.started_by());
+      if (x.started_once) ++x.stats.restarts;
+      x.started_once = true;
+      book->set_open(w, true);
+    }
+    dispatch();
+  }
+
+  // The restart policy's answer to a failed start, carried out.
+  void start_failed(int w, const StartFailure& f) {
+    WorkerProcess& p = *workers[w];
+    const supervisor::RestartDecision d = p.after_failed_start(opt.restart, f.fault);
+    std::vector<TaskPtr> doomed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pub[w].stats.last_exit = f.message;
+      pub[w].stats.given_up = d.give_up;
+      if (!d.give_up) {
+        log().warn("{}; {}", f.message, d.why);
         return;
       }
-      s.state = SlotState::Failed;
-      log().error("{}; giving up on worker {} after {} failed starts", e.detail(), s.id,
-                  s.start_failures);
-      if (std::any_of(slots.begin(), slots.end(),
-                      [](const auto& x) { return x->state != SlotState::Failed; })) {
+      log().error("{}; giving up on worker {}: {}", f.message, w, d.why);
+      if (!started) {
+        // The pool does not start with a slot it cannot fill: the user's setup is wrong.
+        startup_error = Error(Errc::handshake, f.message + " (gave up: " + d.why + ")");
         return;
       }
-      fatal = "no worker can be started: " + e.detail();
-      for (auto& [id, t] : tasks) doomed.push_back(t);
-      tasks.clear();
-      pending.clear();
-      totals.failed += doomed.size();
+      const bool any_left = std::any_of(workers.begin(), workers.end(), [](const auto& x) {
+        return x->phase() != WorkerProcess::Phase::Failed;
+      });
+      if (any_left) return;  // the others carry on
+      fatal = "no worker can be started: " + f.message + " (gave up: " + d.why + ")";
+      doomed = book->take_all();
       changed.notify_all();
     }
     for (auto& t : doomed) {
-      finish(*t, std::make_exception_ptr(
-                     TaskError(Errc::worker_lost, t->name, t->index, -1, s.device, -1, fatal)));
+      end_task(*t, std::make_exception_ptr(
+                       TaskError(Errc::worker_lost, t->name, t->index, -1, p.device(), -1, fatal)));
     }
   }
 
-  void check_timeouts() {
-    if (opt.task_timeout.count() <= 0) return;
-    const auto now = Clock::now();
-    std::vector<std::pair<Slot*, std::string>> due;
+  // A ready worker's process ended: its results are delivered, its tasks retried or failed.
+  void exited(int w) {
+    WorkerProcess& p = *workers[w];
+    const pid_t pid = p.pid();
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (auto& sp : slots) {
-        Slot& s = *sp;
-        if (s.state != SlotState::Ready || s.inflight.empty() || !s.kill_reason.empty() ||
-            now - s.head_since < opt.task_timeout) {
-          continue;
-        }
-        const auto it = tasks.find(s.inflight.front());
-        const std::string what = it == tasks.end() ? "a task"
-                                                   : "task '" + it->second->name + "' (input " +
-                                                         std::to_string(it->second->index) + ")";
-        ++s.stats.timeouts;
-        due.emplace_back(&s, what + " ran past its timeout of " +
-                                 std::to_string(opt.task_timeout.count()) + " ms");
-      }
+      book->set_open(w, false);
+      pub[w].tasks.reset();
     }
-    for (auto& [s, why] : due) kill_worker(*s, why);
+    const std::string how = p.reap();  // joins the collector: every earlier result is in
+    // Views on the worker's memory are moved or marked now rather than at the next check.
+    notify_peer_exit(pid);
+    std::vector<TaskPtr> lost;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!stopping) log().warn("worker {} ({}, pid {}) {}", w, p.device(), pid, how);
+      lost = book->worker_lost(w, "worker " + std::to_string(w) + " (" + p.device() + ", pid " +
+                                      std::to_string(pid) + ") " + how);
+      Published& x = pub[w];
+      x.kill_request.clear();
+      x.stats.last_exit = how;
+      x.stats.pid = -1;
+      x.stats.tensors_zero_copy += x.process_counts.tensors_zero_copy;
+      x.stats.bytes_zero_copy += x.process_counts.bytes_zero_copy;
+      x.stats.tensors_copied += x.process_counts.tensors_copied;
+      x.stats.bytes_copied += x.process_counts.bytes_copied;
+      x.process_counts = {};
+      changed.notify_all();
+    }
+    for (auto& t : lost) {
+      end_task(*t, std::make_exception_ptr(
+                       TaskError(Errc::worker_lost, t->name, t->index, -1, p.device(), -1,
+                                 "lost with its worker on all " + std::to_string(t->attempts) +
+                                     " attempt(s); the last: " + t->lost_because)));
+    }
+    // The dead worker's leases on the supervisor's memory come back now, not on the next send.
+    if (Ledger* ledger = Arena::local().existing_ledger()) ledger->reclaim(true);
+    p.after_exit();
   }
 
-  // How long the monitor may sleep before a timeout or a respawn falls due.
-  int poll_timeout_ms() const {
-    auto next = Clock::now() + std::chrono::milliseconds(250);
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& sp : slots) {
-      if (sp->state == SlotState::Down) next = std::min(next, sp->respawn_at);
-      if (sp->state == SlotState::Ready && !sp->inflight.empty() && opt.task_timeout.count() > 0) {
-        next = std::min(next, sp->head_since + opt.task_timeout);
+  // Kills asked for by other threads, and workers whose task ran past task_timeout.
+  void kill_due() {
+    std::vector<std::pair<int, std::string>> kills;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (std::size_t w = 0; w < pub.size(); ++w) {
+        if (!pub[w].kill_request.empty())
+          kills.emplace_back(static_cast<int>(w), pub[w].kill_request);
+      }
+      for (const auto& [w, t] : book->overdue(Clock::now(), opt.task_timeout)) {
+        if (!pub[w].tasks || !workers[w]->kill_reason().empty()) continue;
+        ++pub[w].stats.timeouts;
+        book->set_open(w, false);
+        kills.emplace_back(w, "task '" + t->name + "' (input " + std::to_string(t->index) +
+                                  ") ran past its timeout of " +
+                                  std::to_string(opt.task_timeout.count()) + " ms");
       }
     }
-    const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
-    return static_cast<int>(std::max<long long>(ms, 0)) + 1;
+    for (const auto& [w, why] : kills) workers[w]->kill(why);
   }
 
-  void run_monitor(std::promise<void> started) {
-    for (auto& sp : slots) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        sp->state = SlotState::Starting;
+  // One round of the monitor: wait for something to happen, then act on all of it.
+  void round() {
+    using Phase = WorkerProcess::Phase;
+    std::vector<pollfd> watch;
+    std::vector<int> owner;  // worker of each watched fd
+    auto until = Clock::now() + std::chrono::milliseconds(250);
+    for (std::size_t w = 0; w < workers.size(); ++w) {
+      const WorkerProcess& p = *workers[w];
+      if (p.phase() == Phase::Ready || p.phase() == Phase::Starting) {
+        watch.push_back({p.pidfd(), POLLIN, 0});
+        owner.push_back(static_cast<int>(w));
       }
-      try {
-        start(*sp);
-      } catch (...) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          stopping = true;
-        }
-        stop_workers();
-        started.set_exception(std::current_exception());
-        return;
+      if (p.phase() == Phase::Starting) {
+        watch.push_back({p.control_fd(), POLLIN, 0});
+        owner.push_back(static_cast<int>(w));
+        until = std::min(until, p.start_deadline());
+      }
+      if (p.phase() == Phase::Down) until = std::min(until, p.restart_at());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (auto t = book->next_deadline(opt.task_timeout)) until = std::min(until, *t);
+    }
+    monitor.wait(watch, until);
+
+    std::vector<bool> ended(workers.size()), answered(workers.size());
+    for (std::size_t i = 0; i < watch.size(); ++i) {
+      if (!watch[i].revents) continue;
+      const int w = owner[i];
+      (watch[i].fd == workers[w]->pidfd() ? ended : answered)[w] = true;
+    }
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      const int w = static_cast<int>(i);
+      WorkerProcess& p = *workers[i];
+      // An answer already sent is read before a death is looked at: the worker did start.
+      if (p.phase() == Phase::Starting && answered[i]) finish_start(w);
+      if (p.phase() == Phase::Starting && (ended[i] || Clock::now() >= p.start_deadline())) {
+        start_failed(w, p.start_failed(!ended[i], spec));
+      } else if (p.phase() == Phase::Ready && ended[i]) {
+        exited(w);
       }
     }
-    started.set_value();
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (stopping) break;
-      }
-      std::vector<pollfd> fds{{wake.get(), POLLIN, 0}};
-      std::vector<Slot*> watched;
-      for (auto& sp : slots) {
-        if (sp->state == SlotState::Ready) {
-          fds.push_back({sp->pidfd.get(), POLLIN, 0});
-          watched.push_back(sp.get());
-        }
-      }
-      const int n = ::poll(fds.data(), fds.size(), poll_timeout_ms());
-      if (n < 0 && errno != EINTR) {
-        log().error("pool monitor: poll: {}", std::strerror(errno));
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (fds[0].revents & POLLIN) {
-        std::uint64_t drained;
-        [[maybe_unused]] ssize_t r = ::read(wake.get(), &drained, sizeof drained);
-      }
-      for (std::size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents) reap(*watched[i - 1]);
-      }
-      check_timeouts();
-      respawn_due();
-      dispatch();
+    kill_due();
+    const bool restarting = !is_stopping();
+    for (std::size_t i = 0; i < workers.size() && restarting; ++i) {
+      const WorkerProcess& p = *workers[i];
+      if (p.phase() == Phase::Down && p.restart_at() <= Clock::now()) launch(static_cast<int>(i));
     }
-    stop_workers();
+    dispatch();
   }
 
   // Stop token (a closed task queue), a grace period, then SIGKILL; every process reaped.
   void stop_workers() {
-    std::vector<Slot*> live;
-    for (auto& sp : slots) {
-      std::optional<TensorQueue> q;
+    for (auto& p : workers) p->request_stop();
+    const auto deadline = Clock::now() + opt.stop_timeout;
+    for (auto& p : workers) {
+      if (p->pid() <= 0) continue;
+      pollfd fd{p->pidfd(), POLLIN, 0};
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (::poll(&fd, 1, static_cast<int>(std::max<long long>(left.count(), 0))) != 1) {
+        log().warn("worker {} (pid {}) did not stop within {} ms; killing it", p->id(), p->pid(),
+                   opt.stop_timeout.count());
+        ::kill(p->pid(), SIGKILL);
+      }
+    }
+    for (auto& p : workers) {
+      const pid_t pid = p->pid();
+      p->mark_stopped();
+      if (pid > 0) notify_peer_exit(pid);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& x : pub) {
+      x.tasks.reset();
+      x.stats.pid = -1;
+    }
+  }
+
+  // Ends every task with `why` and refuses new ones: the pool cannot go on.
+  void break_pool(const std::string& why) {
+    std::vector<TaskPtr> doomed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (fatal.empty()) fatal = why;
+      doomed = book->take_all();
+      changed.notify_all();
+    }
+    for (auto& t : doomed) {
+      end_task(*t, std::make_exception_ptr(
+                       TaskError(Errc::worker_lost, t->name, t->index, -1, "", -1, why)));
+    }
+  }
+
+  void run_monitor(std::promise<void> started_promise) {
+    using Phase = WorkerProcess::Phase;
+    bool told = false;
+    try {
+      for (std::size_t w = 0; w < workers.size(); ++w) launch(static_cast<int>(w));
+      // The first start follows the restart policy too: until every worker is ready, or one is
+      // given up (then the pool does not start, and says why).
+      auto settled = [&] {
+        return std::all_of(workers.begin(), workers.end(),
+                           [](const auto& p) { return p->phase() == Phase::Ready; });
+      };
+      while (!startup_error && !settled()) round();
+      if (startup_error) {
+        stop_workers();
+        told = true;
+        started_promise.set_exception(std::make_exception_ptr(*startup_error));
+        return;
+      }
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (sp->pid > 0) live.push_back(sp.get());
-        q = sp->tasks;
+        started = true;
       }
-      if (q) discard_queued(*q);
-    }
-    const auto deadline = Clock::now() + opt.stop_timeout;
-    for (Slot* s : live) {
-      for (;;) {
-        pollfd p{s->pidfd.get(), POLLIN, 0};
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (::poll(&p, 1, static_cast<int>(std::max<long long>(left.count(), 0))) == 1) break;
-        if (Clock::now() >= deadline) {
-          log().warn("worker {} (pid {}) did not stop within {} ms; killing it", s->id, s->pid,
-                     opt.stop_timeout.count());
-          ::kill(s->pid, SIGKILL);
-          break;
-        }
+      told = true;
+      started_promise.set_value();
+      while (!is_stopping()) round();
+      stop_workers();
+    } catch (...) {
+      // Nothing escapes this thread: an exception here becomes the pool's error.
+      const std::string what = describe(std::current_exception());
+      log().error("the pool's monitor failed: {}", what);
+      try {
+        if (told) break_pool("the pool's monitor failed: " + what);
+        stop_workers();
+      } catch (...) {
+        log().error("stopping the workers after that failed too");
       }
+      if (!told) started_promise.set_exception(std::current_exception());
     }
-    for (Slot* s : live) reap(*s);
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& sp : slots) sp->state = SlotState::Stopped;
   }
 
   void close(Shutdown how) {
     std::lock_guard<std::mutex> once(close_mu);
-    std::vector<std::shared_ptr<Task>> cancelled;
+    std::vector<TaskPtr> cancelled;
     {
       std::unique_lock<std::mutex> lock(mu);
       if (closed) return;
       closing = true;
       changed.notify_all();
       if (how == Shutdown::Drain) {
-        changed.wait_for(lock, opt.drain_timeout, [&] { return tasks.empty(); });
+        changed.wait_for(lock, opt.drain_timeout, [&] { return book->empty(); });
       }
-      for (auto& [id, t] : tasks) cancelled.push_back(t);
-      tasks.clear();
-      pending.clear();
-      for (auto& sp : slots) sp->inflight.clear();
-      totals.failed += cancelled.size();
+      cancelled = book->take_all();
       stopping = true;
     }
-    std::sort(cancelled.begin(), cancelled.end(),
-              [](const auto& a, const auto& b) { return a->id < b->id; });
     const std::string why = how == Shutdown::Drain
                                 ? "the pool closed and its drain_timeout passed first"
                                 : "the pool was closed (Shutdown::Cancel) first";
     for (auto& t : cancelled) {
-      finish(*t, std::make_exception_ptr(TaskError(Errc::closed, t->name, t->index, t->worker, "",
-                                                   -1, "not finished: " + why)));
+      end_task(*t, std::make_exception_ptr(TaskError(Errc::closed, t->name, t->index, t->worker, "",
+                                                     -1, "not finished: " + why)));
     }
-    rouse();
-    if (monitor.joinable()) monitor.join();
+    monitor.rouse();
+    if (monitor_thread.joinable()) monitor_thread.join();
     std::lock_guard<std::mutex> lock(mu);
     closed = true;
   }
@@ -736,30 +583,33 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>()) {
     throw Error(Errc::invalid_argument,
                 "max_retries = " + std::to_string(o.max_retries) + " is negative");
   }
-  for (std::size_t i = 0; i < o.devices.size(); ++i) {
-    auto slot = std::make_unique<Slot>();
-    slot->id = static_cast<int>(i);
-    slot->device = normalise_device(o.devices[i]);
-    slot->stats.id = slot->id;
-    slot->stats.device = slot->device;
-    s.slots.push_back(std::move(slot));
+  supervisor::validate(o.restart);
+  const int n = static_cast<int>(o.devices.size());
+  s.pub.resize(o.devices.size());
+  for (int i = 0; i < n; ++i) {
+    s.workers.push_back(std::make_unique<WorkerProcess>(i, normalise_device(o.devices[i])));
+    s.pub[i].stats.id = i;
+    s.pub[i].stats.device = s.workers.back()->device();
   }
-  s.threads = o.threads_per_worker > 0 ? o.threads_per_worker
-                                       : std::max(1, cores / static_cast<int>(o.devices.size()));
+  s.book = std::make_unique<TaskBook>(n, o.max_inflight_per_worker, o.max_retries);
+  s.spec.start = o.start;
+  s.spec.executable = o.worker_executable;
+  s.spec.threads = o.threads_per_worker > 0 ? o.threads_per_worker : std::max(1, cores / n);
+  s.spec.queue_capacity = static_cast<std::uint32_t>(o.max_inflight_per_worker) *
+                          static_cast<std::uint32_t>(protocol::kMaxTensorsPerTask + 1);
+  s.spec.start_timeout = o.start_timeout;
+  s.spec.config = o.config;
+  s.spec.require_tasks = o.require_tasks;
   if (o.start == Start::Fork) resolve_start(Start::Fork);  // refuse now, before any thread
-  s.wake = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!s.wake) throw_errno(Errc::system, "eventfd for the pool", errno);
 
-  // Every worker is started from the monitor thread, which lives as long as they do
-  // (PR_SET_PDEATHSIG follows the thread that started a child).
   std::promise<void> started;
   std::future<void> ready = started.get_future();
-  s.monitor = std::thread(
+  s.monitor_thread = std::thread(
       [state = s_, p = std::move(started)]() mutable { state->run_monitor(std::move(p)); });
   try {
     ready.get();
   } catch (...) {
-    s.monitor.join();
+    s.monitor_thread.join();
     throw;
   }
 }
@@ -904,7 +754,7 @@ std::vector<std::string> Pool::tasks() const {
   return s_->task_names;
 }
 std::size_t Pool::size() const noexcept {
-  return s_->slots.size();
+  return s_->workers.size();
 }
 std::size_t Pool::capacity() const noexcept {
   return s_->capacity();
@@ -913,20 +763,30 @@ std::size_t Pool::capacity() const noexcept {
 std::vector<pid_t> Pool::worker_pids() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   std::vector<pid_t> pids;
-  for (const auto& sp : s_->slots) pids.push_back(sp->pid);
+  for (const auto& x : s_->pub) pids.push_back(x.stats.pid);
   return pids;
 }
 
 PoolStats Pool::stats() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   PoolStats out = s_->totals;
-  for (const auto& sp : s_->slots) {
-    WorkerStats w = sp->stats;
-    w.tensors_zero_copy += sp->process_counts.tensors_zero_copy;
-    w.bytes_zero_copy += sp->process_counts.bytes_zero_copy;
-    w.tensors_copied += sp->process_counts.tensors_copied;
-    w.bytes_copied += sp->process_counts.bytes_copied;
-    out.workers.push_back(std::move(w));
+  const supervisor::TaskBook& book = *s_->book;
+  out.submitted = book.admitted();
+  out.completed = book.completed();
+  out.failed = book.failed();
+  out.retried = book.retried();
+  for (std::size_t w = 0; w < s_->pub.size(); ++w) {
+    const Published& x = s_->pub[w];
+    WorkerStats s = x.stats;
+    const supervisor::WorkerCounts& c = book.counts(static_cast<int>(w));
+    s.tasks_done = c.done;
+    s.tasks_failed = c.failed;
+    s.tasks_lost = c.lost;
+    s.tensors_zero_copy += x.process_counts.tensors_zero_copy;
+    s.bytes_zero_copy += x.process_counts.bytes_zero_copy;
+    s.tensors_copied += x.process_counts.tensors_copied;
+    s.bytes_copied += x.process_counts.bytes_copied;
+    out.workers.push_back(std::move(s));
   }
   return out;
 }

@@ -11,8 +11,9 @@
 // when they live in shared memory (ferry::empty_shared), else they are copied once. A worker
 // that dies is noticed at once (pidfd), restarted, and its unfinished tasks are retried on
 // another worker up to max_retries times; every submitted task ends exactly once, with its
-// result or an error. Work in flight is bounded, so a fast producer blocks instead of piling
-// up memory. The destructor closes the pool; no worker outlives its supervisor.
+// result or an error. A start that fails is retried with a back-off (PoolOptions::restart). Work in
+// flight is bounded, so a fast producer blocks instead of piling up memory. The destructor closes
+// the pool; no worker outlives its supervisor.
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "ipc/channel.hpp"  // kForever
+#include "runtime/supervisor/restart_policy.hpp"
 #include "runtime/task_error.hpp"
 #include "runtime/tensor_queue.hpp"  // Tensors
 #include "runtime/worker_launch.hpp"
@@ -53,7 +55,10 @@ struct PoolOptions {
   // when the worker could start it (its earlier tasks done), not from submit().
   std::chrono::milliseconds task_timeout{0};
   std::chrono::milliseconds start_timeout{30000};  // a worker's start-up and handshake
-  std::chrono::milliseconds stop_timeout{5000};    // workers' exit after close, then SIGKILL
+  // When a failed start is tried again and when its slot is given up, for the first start and
+  // every restart alike (restart_policy.hpp; docs/supervisor.md, "Restarts").
+  RestartPolicy restart;
+  std::chrono::milliseconds stop_timeout{5000};  // workers' exit after close, then SIGKILL
   std::chrono::milliseconds drain_timeout{std::chrono::minutes(10)};  // Drain's wait, then Cancel
   Shutdown shutdown = Shutdown::Drain;                                // the destructor's policy
   int threads_per_worker = 0;     // intra-op threads in each worker; 0: cores / workers, >= 1
@@ -74,7 +79,8 @@ struct WorkerStats {
   std::uint64_t tasks_lost = 0;    // in flight when it died (retried or failed)
   std::uint64_t restarts = 0;
   std::uint64_t timeouts = 0;  // kills for a task past task_timeout
-  std::string last_exit;       // how its last process ended, "" if none has
+  std::string last_exit;       // how its last process ended, or its last failed start
+  bool given_up = false;       // its starts kept failing: the pool goes on without it
   // Results sent back by this worker's processes (all of them, across restarts).
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
@@ -90,8 +96,9 @@ struct PoolStats {
 
 class Pool {
  public:
-  // Starts every worker and waits for its handshake. Throws Error: invalid_argument (bad
-  // option, fork after CUDA init, no worker executable), handshake (a worker refused or died).
+  // Starts every worker and waits for its handshake, retrying failed starts by the restart
+  // policy. Throws Error: invalid_argument (bad option, fork after CUDA init), handshake (a
+  // worker refused, could not be launched, or kept failing: the message is its last failure).
   explicit Pool(PoolOptions options);
   Pool() : Pool(PoolOptions{}) {}
   ~Pool();  // close() with options.shutdown

@@ -1,0 +1,156 @@
+#include "runtime/supervisor/task_book.hpp"
+
+#include <algorithm>
+
+#include "ipc/error.hpp"
+
+namespace ferry::supervisor {
+
+TaskBook::TaskBook(int workers, int per_worker, int max_retries)
+    : capacity_(static_cast<std::size_t>(workers) * static_cast<std::size_t>(per_worker)),
+      per_worker_(static_cast<std::size_t>(per_worker)),
+      max_retries_(static_cast<std::uint32_t>(max_retries)),
+      workers_(static_cast<std::size_t>(workers)) {}
+
+TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
+  task->id = next_id_++;
+  task->admitted = now;
+  task->attempts = 0;
+  task->worker = -1;
+  open_.emplace(task->id, task);
+  pending_.push_back(std::move(task));
+  ++admitted_;
+  return next_id_ - 1;
+}
+
+void TaskBook::set_open(int worker, bool open) {
+  workers_.at(worker).open = open;
+}
+
+std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
+  if (pending_.empty()) return std::nullopt;
+  const TaskPtr& task = pending_.front();
+  int best = -1;
+  // Least loaded first; a retry goes elsewhere than where it was lost when it can.
+  auto rank = [&](int w) {
+    return std::make_pair(w == task->last_worker, workers_[w].handed.size());
+  };
+  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
+    if (!workers_[w].open || workers_[w].handed.size() >= per_worker_) continue;
+    if (best < 0 || rank(w) < rank(best)) best = w;
+  }
+  if (best < 0) return std::nullopt;
+  HandOver h;
+  h.task = task;
+  pending_.pop_front();
+  Worker& w = workers_[best];
+  if (w.handed.empty()) w.head_since = now;
+  w.handed.push_back(h.task->id);
+  h.task->worker = best;
+  h.attempt = ++h.task->attempts;
+  h.worker = best;
+  h.first = h.attempt == 1;
+  return h;
+}
+
+TaskPtr TaskBook::end(TaskId id) {
+  const auto it = open_.find(id);
+  TaskPtr t = std::move(it->second);
+  open_.erase(it);
+  return t;
+}
+
+TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok,
+                           Clock::time_point now) {
+  const auto it = open_.find(id);
+  if (it == open_.end() || it->second->worker != worker || it->second->attempts != attempt) {
+    return nullptr;  // ended already (cancelled, or lost and retried elsewhere)
+  }
+  Worker& w = workers_.at(worker);
+  const bool was_head = !w.handed.empty() && w.handed.front() == id;
+  w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), id), w.handed.end());
+  if (was_head) w.head_since = now;
+  if (ok) {
+    ++w.counts.done;
+    ++completed_;
+  } else {
+    ++w.counts.failed;
+    ++failed_;
+  }
+  return end(id);
+}
+
+TaskPtr TaskBook::hand_over_failed(const HandOver& h) {
+  const auto it = open_.find(h.task->id);
+  if (it == open_.end() || h.task->worker != h.worker || h.task->attempts != h.attempt) {
+    return nullptr;
+  }
+  auto& handed = workers_.at(h.worker).handed;
+  handed.erase(std::remove(handed.begin(), handed.end(), h.task->id), handed.end());
+  ++failed_;
+  return end(h.task->id);
+}
+
+std::vector<TaskPtr> TaskBook::worker_lost(int worker, const std::string& reason) {
+  Worker& w = workers_.at(worker);
+  std::vector<TaskPtr> ended, retry;
+  for (TaskId id : w.handed) {
+    const auto it = open_.find(id);
+    if (it == open_.end()) continue;
+    TaskPtr t = it->second;
+    t->worker = -1;
+    t->last_worker = worker;
+    t->lost_because = reason;
+    ++w.counts.lost;
+    if (t->attempts > max_retries_) {
+      ended.push_back(end(id));
+      ++failed_;
+    } else {
+      retry.push_back(std::move(t));
+    }
+  }
+  w.handed.clear();
+  // Back to the front, in their old order, so a retry does not wait behind newer work.
+  pending_.insert(pending_.begin(), retry.begin(), retry.end());
+  retried_ += retry.size();
+  return ended;
+}
+
+std::vector<TaskPtr> TaskBook::take_all() {
+  std::vector<TaskPtr> all;
+  all.reserve(open_.size());
+  for (auto& [id, t] : open_) all.push_back(std::move(t));
+  std::sort(all.begin(), all.end(),
+            [](const TaskPtr& a, const TaskPtr& b) { return a->id < b->id; });
+  failed_ += all.size();
+  open_.clear();
+  pending_.clear();
+  for (Worker& w : workers_) w.handed.clear();
+  return all;
+}
+
+std::vector<std::pair<int, TaskPtr>> TaskBook::overdue(Clock::time_point now,
+                                                       std::chrono::milliseconds limit) const {
+  std::vector<std::pair<int, TaskPtr>> due;
+  if (limit.count() <= 0) return due;
+  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
+    const Worker& x = workers_[w];
+    if (x.handed.empty() || now - x.head_since < limit) continue;
+    const auto it = open_.find(x.handed.front());
+    if (it != open_.end()) due.emplace_back(w, it->second);
+  }
+  return due;
+}
+
+std::optional<Clock::time_point> TaskBook::next_deadline(std::chrono::milliseconds limit) const {
+  std::optional<Clock::time_point> next;
+  if (limit.count() <= 0) return next;
+  for (const Worker& x : workers_) {
+    if (x.handed.empty()) continue;
+    const auto due = x.head_since + limit;
+    if (!next || due < *next) next = due;
+  }
+  return next;
+}
+
+}  // namespace ferry::supervisor

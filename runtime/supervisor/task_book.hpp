@@ -1,0 +1,134 @@
+// The task book: which tasks a pool has taken, where each one is, and how each one ends.
+//
+// Pure bookkeeping (no processes, threads or I/O; the caller holds a lock around every call and
+// carries out what the calls return). It owns the rules that make a pool trustworthy:
+//   admission   at most capacity() tasks are open (admitted, not ended): submit() waits on full();
+//   order       pending tasks go out oldest first; a task lost with its worker goes back to the
+//               front, to another worker when there is one;
+//   retries     a task lost on 1 + max_retries hand-overs fails with the last loss as its reason;
+//   exactly once every admitted task leaves the book once, by complete(), a failure list, or
+//               take_all(); a result for an attempt that is no longer current is stale.
+// A task's life:
+//   admit --> pending --next_hand_over--> handed(worker, attempt)
+//   handed --complete--> ended (result or the worker's task error)
+//   handed --worker_lost--> pending (retry)  |  ended (retries spent)
+//   handed --hand_over_failed--> ended (its inputs could not travel)
+//   any --take_all--> ended (close, or no worker left)
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ipc/channel.hpp"           // Clock
+#include "runtime/tensor_queue.hpp"  // Tensors
+
+namespace ferry::supervisor {
+
+using TaskId = std::uint64_t;
+
+struct Task {
+  // Given at admission.
+  std::string name;
+  std::uint32_t task_index = 0;  // in the workers' task list
+  std::size_t index = 0;         // position in the caller's inputs, or submission number
+  Tensors inputs;                // kept until the task ends: a retry sends them again
+  // Called once, when the task ends, outside the book (the caller carries it out).
+  std::function<void(Task&, std::exception_ptr error, Tensors outputs, int worker)> done;
+  // Kept by the book.
+  TaskId id = 0;
+  Clock::time_point admitted;
+  std::uint32_t attempts = 0;  // hand-overs so far
+  int worker = -1;             // where the current attempt is; -1 while pending
+  int last_worker = -1;        // where the last attempt was lost: avoided for the retry
+  std::string lost_because;    // the last loss, in words
+};
+using TaskPtr = std::shared_ptr<Task>;
+
+struct HandOver {
+  TaskPtr task;
+  int worker = -1;
+  std::uint32_t attempt = 0;
+  bool first = false;  // the task's first hand-over (its inputs are tallied once)
+};
+
+struct WorkerCounts {
+  std::uint64_t done = 0, failed = 0, lost = 0;
+};
+
+class TaskBook {
+ public:
+  TaskBook(int workers, int per_worker, int max_retries);
+
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::size_t open() const noexcept { return open_.size(); }
+  bool full() const noexcept { return open_.size() >= capacity_; }
+  bool empty() const noexcept { return open_.empty(); }
+
+  // Takes a task (the caller waited for !full()); gives it its id.
+  TaskId admit(TaskPtr task, Clock::time_point now);
+
+  // Whether `worker` takes hand-overs (a worker is open once it handshook, closed when it is
+  // going). A closed worker keeps its tasks until worker_lost() or complete().
+  void set_open(int worker, bool open);
+
+  // The next hand-over: the oldest pending task to the least loaded open worker with room,
+  // avoiding the worker it was last lost on when another has room. nullopt: nothing to do now.
+  std::optional<HandOver> next_hand_over(Clock::time_point now);
+
+  // A result (ok or the task's own failure) for `attempt` of `id` from `worker`: the task, now
+  // ended, or null when that attempt is no longer current (the result is stale).
+  TaskPtr complete(int worker, TaskId id, std::uint32_t attempt, bool ok, Clock::time_point now);
+
+  // The hand-over could not be sent (its inputs cannot travel): the task ends, returned, unless
+  // it is no longer that attempt (then null).
+  TaskPtr hand_over_failed(const HandOver& h);
+
+  // `worker` is gone with its tasks: each goes back to the front of the queue for a retry, or
+  // ends when its retries are spent (returned, oldest first, with lost_because set).
+  std::vector<TaskPtr> worker_lost(int worker, const std::string& reason);
+
+  // Ends every open task (returned in admission order) and empties the book.
+  std::vector<TaskPtr> take_all();
+
+  // Workers whose oldest task has run past `limit` (measured from when it could start: the
+  // worker runs its queue in order), with that task.
+  std::vector<std::pair<int, TaskPtr>> overdue(Clock::time_point now,
+                                               std::chrono::milliseconds limit) const;
+  // When the next overdue() falls due, if any task runs.
+  std::optional<Clock::time_point> next_deadline(std::chrono::milliseconds limit) const;
+
+  std::size_t load(int worker) const { return workers_.at(worker).handed.size(); }
+  const WorkerCounts& counts(int worker) const { return workers_.at(worker).counts; }
+  std::uint64_t retried() const noexcept { return retried_; }
+  std::uint64_t admitted() const noexcept { return admitted_; }
+  std::uint64_t completed() const noexcept { return completed_; }
+  std::uint64_t failed() const noexcept { return failed_; }  // every ending but a good result
+
+ private:
+  struct Worker {
+    bool open = false;
+    std::deque<TaskId> handed;     // in hand-over order: it runs them in that order
+    Clock::time_point head_since;  // when handed.front() could start
+    WorkerCounts counts;
+  };
+  TaskPtr end(TaskId id);  // out of the book
+
+  std::size_t capacity_;
+  std::size_t per_worker_;
+  std::uint32_t max_retries_;
+  std::vector<Worker> workers_;
+  std::unordered_map<TaskId, TaskPtr> open_;
+  std::deque<TaskPtr> pending_;
+  TaskId next_id_ = 1;
+  std::uint64_t retried_ = 0, admitted_ = 0, completed_ = 0, failed_ = 0;
+};
+
+}  // namespace ferry::supervisor

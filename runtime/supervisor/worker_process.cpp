@@ -1,0 +1,264 @@
+#include "runtime/supervisor/worker_process.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "ipc/control_socket.hpp"
+#include "ipc/error.hpp"
+#include "ipc/log.hpp"
+#include "ipc/process.hpp"
+
+namespace ferry::supervisor {
+namespace {
+
+std::string join_names(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "none" : s;
+}
+
+std::string who(int id, const std::string& device) {
+  return "worker " + std::to_string(id) + " (" + device + ")";
+}
+
+int reap_status(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+}  // namespace
+
+void discard_queued(TensorQueue& q) {
+  q.close();
+  for (;;) {
+    try {
+      q.recv(std::chrono::milliseconds(0));
+    } catch (const Error&) {
+      if (q.size() == 0) return;
+    }
+  }
+}
+
+WorkerProcess::WorkerProcess(int id, std::string device) : id_(id), device_(std::move(device)) {}
+
+WorkerProcess::~WorkerProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    reap_status(pid_);
+  }
+  if (results_) results_->close();
+  if (collector_.joinable()) collector_.join();
+}
+
+std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::vector<int> others,
+                                                  pid_t supervisor) {
+  const std::string name = who(id_, device_);
+  kill_reason_.clear();
+  std::string executable;
+  try {
+    how_ = resolve_start(spec.start);
+    if (how_ == Start::Spawn) executable = find_worker_executable(spec.executable);
+    executable_ = executable;
+    TensorQueue tasks_q = TensorQueue::create({spec.queue_capacity});
+    TensorQueue results_q = TensorQueue::create({spec.queue_capacity});
+    auto [mine, theirs] = control_socket_pair();
+    others.push_back(mine.get());
+    LaunchedWorker w = launch_worker(how_, theirs.get(), executable, others);
+    theirs.reset();
+    pid_ = w.pid;
+    pidfd_ = std::move(w.pidfd);
+    control_ = std::move(mine);
+    tasks_ = tasks_q;
+    results_ = results_q;
+    phase_ = Phase::Starting;
+    start_deadline_ = Clock::now() + spec.start_timeout;
+  } catch (const Error& e) {
+    // Nothing was started. A refusal to even try (no worker library for fork, no executable,
+    // fork after CUDA init) will not change; running out of processes or memory may.
+    const StartFault f =
+        e.code() == Errc::invalid_argument ? StartFault::refused : StartFault::crashed;
+    return StartFailure{f, name + " could not be started: " + e.detail()};
+  }
+  try {
+    protocol::Hello hello;
+    hello.supervisor_pid = supervisor;
+    hello.worker_id = id_;
+    hello.device = device_;
+    hello.threads = spec.threads;
+    hello.config = spec.config;
+    send_control(control_.get(), protocol::encode(hello), {tasks_->fd(), results_->fd()});
+  } catch (const Error& e) {
+    // A worker already gone is seen on its pidfd; anything else ends this start now.
+    if (e.code() != Errc::peer_dead) {
+      ::kill(pid_, SIGKILL);
+      reap_status(pid_);
+      forget_process();
+      return StartFailure{StartFault::crashed,
+                          name + " could not be sent its hello: " + e.detail()};
+    }
+  }
+  log().debug("{} launched as pid {} by {}", name, pid_, start_name(how_));
+  return std::nullopt;
+}
+
+std::optional<StartFailure> WorkerProcess::finish_start(
+    const LaunchSpec& spec, std::vector<std::string>& tasks, std::function<void(Tensors)> on_result,
+    std::function<void(const Error&)> on_unreadable) {
+  const std::string name = who(id_, device_);
+  protocol::Welcome welcome;
+  try {
+    welcome =
+        protocol::decode_welcome(recv_control(control_.get(), std::chrono::milliseconds(0)).bytes);
+  } catch (const Error& e) {
+    if (e.code() == Errc::peer_dead) return start_failed(false, spec);
+    if (e.code() == Errc::timeout) return std::nullopt;  // woken early: still Starting
+    ::kill(pid_, SIGKILL);
+    reap_status(pid_);
+    forget_process();
+    return StartFailure{StartFault::refused, name + " failed its handshake: " + e.detail()};
+  }
+  std::string refusal;
+  if (welcome.version != protocol::kVersion) {
+    refusal = "speaks protocol version " + std::to_string(welcome.version) +
+              ", this supervisor version " + std::to_string(protocol::kVersion) +
+              ": the worker program is from another ferry build; rebuild it against this libferry";
+  } else if (!welcome.error.empty()) {
+    refusal = "refused to start: " + welcome.error;
+  } else if (welcome.pid != pid_) {
+    refusal = "answered as pid " + std::to_string(welcome.pid) + ", not " + std::to_string(pid_);
+  } else if (!tasks.empty() && tasks != welcome.tasks) {
+    refusal = "has tasks [" + join_names(welcome.tasks) + "] but the pool's others have [" +
+              join_names(tasks) + "]; every worker must run the same program";
+  } else {
+    for (const auto& need : spec.require_tasks) {
+      if (std::find(welcome.tasks.begin(), welcome.tasks.end(), need) == welcome.tasks.end()) {
+        refusal = "has no task '" + need + "' (it has: " + join_names(welcome.tasks) +
+                  "); register it with FERRY_TASK in the worker program";
+        break;
+      }
+    }
+  }
+  if (!refusal.empty()) {
+    ::kill(pid_, SIGKILL);
+    reap_status(pid_);
+    forget_process();
+    return StartFailure{StartFault::refused, name + " " + refusal};
+  }
+  if (tasks.empty()) tasks = welcome.tasks;
+  // CUDA inputs go to this worker by IPC when it can open them, else through shared memory.
+  tasks_->set_receiver(pid_, device_ == "cpu" ? -1 : std::stoi(device_.substr(5)));
+  phase_ = Phase::Ready;
+  history_ = {};
+  TensorQueue results = *results_;
+  collector_ = std::thread([results, on_result = std::move(on_result),
+                            on_unreadable = std::move(on_unreadable)]() mutable {
+    // Every exception ends here: a collector that threw would take the supervisor with it.
+    for (;;) {
+      try {
+        Tensors message = results.recv(kForever);  // ends on close() or the worker's exit
+        on_result(std::move(message));
+      } catch (const Error& e) {
+        if (e.code() == Errc::closed) return;
+        if (e.code() == Errc::peer_dead && results.size() == 0) return;
+        on_unreadable(e);  // the message is lost: the supervisor kills the worker and retries
+      } catch (const std::exception& e) {
+        on_unreadable(Error(Errc::system, std::string("collecting a result: ") + e.what()));
+      }
+    }
+  });
+  log().debug("{} ready as pid {}", name, pid_);
+  return std::nullopt;
+}
+
+StartFailure WorkerProcess::start_failed(bool deadline_passed, const LaunchSpec& spec) {
+  const std::string name = who(id_, device_);
+  if (deadline_passed) ::kill(pid_, SIGKILL);
+  const int status = reap_status(pid_);
+  StartFailure f;
+  if (deadline_passed) {
+    f = {StartFault::crashed, name + " did not answer its handshake within " +
+                                  std::to_string(spec.start_timeout.count()) +
+                                  " ms (raise PoolOptions::start_timeout if the machine is very "
+                                  "slow)"};
+  } else {
+    f = {classify_exit(status),
+         name + " ended during its start-up, " + describe_wait_status(status) +
+             (how_ == Start::Spawn ? " (worker executable '" + executable_ + "')" : "") +
+             "; its own message, if any, is on stderr above"};
+  }
+  forget_process();
+  return f;
+}
+
+std::string WorkerProcess::reap() {
+  int status = 0;
+  const bool got = ::waitpid(pid_, &status, 0) == pid_;
+  std::string how = got ? describe_wait_status(status) : "ended (its status was reaped elsewhere)";
+  // Results that arrived before the death are real: the collector delivers them, then stops.
+  if (results_) results_->close();
+  if (collector_.joinable()) collector_.join();
+  if (!kill_reason_.empty()) how = kill_reason_ + ", " + how;
+  forget_process();
+  return how;
+}
+
+void WorkerProcess::forget_process() {
+  if (tasks_) discard_queued(*tasks_);
+  if (results_) results_->close();
+  tasks_.reset();
+  results_.reset();
+  pid_ = -1;
+  pidfd_.reset();
+  control_.reset();
+  phase_ = Phase::Down;
+}
+
+RestartDecision WorkerProcess::after_failed_start(const RestartPolicy& policy, StartFault fault) {
+  RestartDecision d = supervisor::after_failed_start(policy, history_, fault);
+  if (d.give_up) {
+    phase_ = Phase::Failed;
+  } else {
+    phase_ = Phase::Down;
+    restart_at_ = Clock::now() + d.delay;
+  }
+  return d;
+}
+
+void WorkerProcess::after_exit() {
+  phase_ = Phase::Down;
+  restart_at_ = Clock::now();
+}
+
+void WorkerProcess::kill(const std::string& why) {
+  if (phase_ != Phase::Ready || !kill_reason_.empty()) return;
+  kill_reason_ = "killed by the supervisor: " + why;
+  log().warn("{} (pid {}) {}", who(id_, device_), pid_, kill_reason_);
+  ::kill(pid_, SIGKILL);
+}
+
+void WorkerProcess::request_stop() {
+  if (phase_ == Phase::Starting) {
+    ::kill(pid_, SIGKILL);  // half started: nothing of ours runs there yet
+  } else if (tasks_) {
+    discard_queued(*tasks_);
+  }
+}
+
+void WorkerProcess::mark_stopped() {
+  if (pid_ > 0) {
+    if (phase_ == Phase::Ready) {
+      reap();
+    } else {
+      reap_status(pid_);
+      forget_process();
+    }
+  }
+  phase_ = Phase::Stopped;
+}
+
+}  // namespace ferry::supervisor

@@ -1,0 +1,130 @@
+// One worker slot's process life: launch, handshake, death, and the next start.
+//
+// Driven by the pool's monitor thread alone, so nothing here locks; what other threads need
+// (the task queue, the pid) the pool copies out under its own lock. Start-up does not block the
+// monitor: launch() forks or spawns and sends the hello, then the monitor watches control_fd()
+// and pidfd() with every other worker's, and calls finish_start() when the answer is there, so a
+// slow start never delays noticing another worker's death.
+//
+//   Down --launch--> Starting --finish_start ok--> Ready --exited--> Down (restarted at once)
+//   Starting --launch error | refusal | exit | deadline--> Down (after a back-off) | Failed
+//   any --stop--> Stopped
+// The restart policy (restart_policy.hpp) decides between Down and Failed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/channel.hpp"  // Clock
+#include "ipc/fd.hpp"
+#include "runtime/supervisor/restart_policy.hpp"
+#include "runtime/tensor_queue.hpp"
+#include "runtime/worker_launch.hpp"
+#include "runtime/worker_protocol.hpp"
+
+namespace ferry::supervisor {
+
+// A start that did not end in a ready worker: how, and the worker's (or launcher's) own words.
+struct StartFailure {
+  StartFault fault = StartFault::crashed;
+  std::string message;
+};
+
+// What every start of a pool's workers shares.
+struct LaunchSpec {
+  Start start = Start::Auto;
+  std::string executable;  // for spawn
+  int threads = 1;
+  std::uint32_t queue_capacity = 0;  // tensors in each of a worker's two queues
+  std::chrono::milliseconds start_timeout{30000};
+  std::map<std::string, std::string> config;
+  std::vector<std::string> require_tasks;
+};
+
+class WorkerProcess {
+ public:
+  enum class Phase { Down, Starting, Ready, Failed, Stopped };
+
+  WorkerProcess(int id, std::string device);
+  ~WorkerProcess();  // kills and reaps a process still there; joins the collector
+
+  int id() const noexcept { return id_; }
+  const std::string& device() const noexcept { return device_; }
+  Phase phase() const noexcept { return phase_; }
+  pid_t pid() const noexcept { return pid_; }
+  int pidfd() const noexcept { return pidfd_.get(); }         // readable once the process ended
+  int control_fd() const noexcept { return control_.get(); }  // readable: the answer is in
+  Clock::time_point start_deadline() const noexcept { return start_deadline_; }
+  Clock::time_point restart_at() const noexcept { return restart_at_; }
+  Start started_by() const noexcept { return how_; }
+  const std::optional<TensorQueue>& tasks() const noexcept { return tasks_; }
+
+  // Down -> Starting: makes the worker's queues, launches it and sends the hello. `others` are
+  // the supervisor's fds a forked child must not keep. Returns a failure instead of throwing.
+  std::optional<StartFailure> launch(const LaunchSpec& spec, std::vector<int> others,
+                                     pid_t supervisor);
+
+  // Starting -> Ready, once control_fd() is readable: reads and checks the answer. `tasks` is the
+  // pool's task list, set from the first worker that answers; every other must match it. On
+  // failure the process is killed and reaped, and the failure returned. On success the collector
+  // thread starts and runs `on_result` for every message on the result queue until reap()
+  // (`on_unreadable` for one it could not read; neither may throw).
+  std::optional<StartFailure> finish_start(const LaunchSpec& spec, std::vector<std::string>& tasks,
+                                           std::function<void(Tensors)> on_result,
+                                           std::function<void(const Error&)> on_unreadable);
+
+  // Starting, its process ended or its deadline passed: kills, reaps, and says what happened.
+  StartFailure start_failed(bool deadline_passed, const LaunchSpec& spec);
+
+  // Ready, its pidfd readable (or killed on purpose): reaps it, lets the collector deliver every
+  // result that arrived before the death, and returns how it ended, e.g. "killed by SIGKILL".
+  // Its task queue is closed and drained (the leases its messages held come back).
+  std::string reap();
+
+  // After a failed start: Down with a restart time, or Failed. Returns the decision.
+  RestartDecision after_failed_start(const RestartPolicy& policy, StartFault fault);
+  // After a ready worker ended: Down, to be started again at once.
+  void after_exit();
+
+  // Kills a ready process (the supervisor's decision); its exit is then handled as a crash, and
+  // reap() names `why`.
+  void kill(const std::string& why);
+  const std::string& kill_reason() const noexcept { return kill_reason_; }
+
+  // Closes the task queue: the worker's stop token.
+  void request_stop();
+  // Stopped, once the process (if any) has been reaped.
+  void mark_stopped();
+
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+ private:
+  void forget_process();  // pid, fds and queues dropped after a reap
+
+  const int id_;
+  const std::string device_;
+  Phase phase_ = Phase::Down;
+  pid_t pid_ = -1;
+  UniqueFd pidfd_, control_;
+  Start how_ = Start::Fork;
+  std::string executable_;  // the spawned program, for messages
+  std::optional<TensorQueue> tasks_, results_;
+  std::thread collector_;
+  Clock::time_point start_deadline_{}, restart_at_{};
+  StartHistory history_;
+  std::string kill_reason_;
+};
+
+// Closes a task queue and takes back what no worker will read, so the leases those messages hold
+// on the supervisor's memory end.
+void discard_queued(TensorQueue& q);
+
+}  // namespace ferry::supervisor
