@@ -7,8 +7,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <thread>
 
 #include "ipc/error.hpp"
+#include "ipc/log.hpp"
 
 namespace ferry::supervisor {
 
@@ -30,6 +33,11 @@ void Monitor::wait(std::vector<pollfd>& watch, Clock::time_point until) {
   // +1: poll rounds down, and waking a moment early would only spin.
   const int ms = static_cast<int>(std::max<long long>(left.count(), 0)) + 1;
   const int n = ::poll(watch.data(), watch.size(), ms);
+  if (n < 0 && errno != EINTR) {
+    // Not expected with fds the pool owns; never spin on it.
+    log().error("pool monitor: poll: {}", std::strerror(errno));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (n > 0 && (watch.back().revents & POLLIN)) {
     std::uint64_t drained;
     [[maybe_unused]] ssize_t r = ::read(wake_.get(), &drained, sizeof drained);

@@ -1,0 +1,158 @@
+// The task book alone: admission, order, retries and exactly-once, with no process anywhere.
+#include "runtime/supervisor/task_book.hpp"
+
+#include <catch2/catch.hpp>
+
+namespace ferry::supervisor {
+namespace {
+
+using namespace std::chrono_literals;
+
+TaskPtr task(std::size_t index) {
+  auto t = std::make_shared<Task>();
+  t->name = "t";
+  t->index = index;
+  return t;
+}
+
+const Clock::time_point t0 = Clock::now();
+
+}  // namespace
+
+TEST_CASE("task book: at most workers x per-worker tasks are open; an ending frees a place") {
+  TaskBook book(2, 3, 0);
+  CHECK(book.capacity() == 6);
+  for (std::size_t i = 0; i < 6; ++i) {
+    REQUIRE_FALSE(book.full());
+    book.admit(task(i), t0);
+  }
+  CHECK(book.full());
+  book.set_open(0, true);
+  auto h = book.next_hand_over(t0);
+  REQUIRE(h);
+  CHECK(book.complete(h->worker, h->task->id, h->attempt, true, t0) == h->task);
+  CHECK_FALSE(book.full());
+  CHECK(book.open() == 5);
+}
+
+TEST_CASE("task book: oldest first, to the least loaded open worker with room") {
+  TaskBook book(3, 2, 0);
+  for (std::size_t i = 0; i < 6; ++i) book.admit(task(i), t0);
+  CHECK_FALSE(book.next_hand_over(t0));  // no worker open yet
+  book.set_open(0, true);
+  book.set_open(2, true);
+  std::vector<std::pair<std::size_t, int>> got;
+  while (auto h = book.next_hand_over(t0)) got.emplace_back(h->task->index, h->worker);
+  // Worker 1 is closed; 0 and 2 alternate by load until each holds 2.
+  CHECK(got == std::vector<std::pair<std::size_t, int>>{{0, 0}, {1, 2}, {2, 0}, {3, 2}});
+  CHECK(book.load(0) == 2);
+  CHECK(book.load(1) == 0);
+}
+
+TEST_CASE("task book: a lost task goes back to the front, to another worker, then ends") {
+  TaskBook book(2, 3, 1);  // one retry
+  book.set_open(0, true);
+  const TaskId first = book.admit(task(0), t0);
+  book.admit(task(1), t0);
+  auto h = book.next_hand_over(t0);
+  REQUIRE(h->task->id == first);
+  CHECK(h->first);
+  CHECK(h->worker == 0);
+  book.set_open(1, true);
+  CHECK(book.worker_lost(0, "worker 0 killed by SIGKILL").empty());  // retried, not ended
+  CHECK(book.retried() == 1);
+  CHECK(book.counts(0).lost == 1);
+  // The retry goes before the newer task, and away from worker 0 while 1 has room.
+  auto r = book.next_hand_over(t0);
+  REQUIRE(r);
+  CHECK(r->task->id == first);
+  CHECK(r->worker == 1);
+  CHECK(r->attempt == 2);
+  CHECK_FALSE(r->first);
+  CHECK(r->task->lost_because == "worker 0 killed by SIGKILL");
+  // Lost again: its retries are spent, so it ends, with the last loss.
+  auto ended = book.worker_lost(1, "worker 1 killed by SIGSEGV");
+  REQUIRE(ended.size() == 1);
+  CHECK(ended[0]->id == first);
+  CHECK(ended[0]->attempts == 2);
+  CHECK(ended[0]->lost_because == "worker 1 killed by SIGSEGV");
+  CHECK(book.failed() == 1);
+  CHECK(book.open() == 1);
+}
+
+TEST_CASE("task book: a retry takes the worker it was lost on when no other has room") {
+  TaskBook book(2, 1, 3);
+  book.set_open(0, true);
+  book.admit(task(0), t0);
+  auto h = book.next_hand_over(t0);
+  book.worker_lost(0, "lost");
+  auto r = book.next_hand_over(t0);  // worker 1 is closed
+  REQUIRE(r);
+  CHECK(r->worker == 0);
+}
+
+TEST_CASE("task book: every task ends once; a result for an attempt no longer current is stale") {
+  TaskBook book(2, 2, 2);
+  book.set_open(0, true);
+  book.set_open(1, true);
+  book.admit(task(0), t0);
+  auto h1 = book.next_hand_over(t0);
+  REQUIRE(h1->worker == 0);
+  book.worker_lost(0, "timed out");
+  auto h2 = book.next_hand_over(t0);
+  REQUIRE(h2->worker == 1);
+  // The first attempt's late result (its worker was killed for a timeout) does not count.
+  CHECK_FALSE(book.complete(0, h1->task->id, h1->attempt, true, t0));
+  CHECK(book.complete(1, h2->task->id, h2->attempt, true, t0));
+  CHECK_FALSE(book.complete(1, h2->task->id, h2->attempt, true, t0));  // twice: stale
+  CHECK(book.completed() == 1);
+  CHECK(book.empty());
+}
+
+TEST_CASE("task book: a failed hand-over ends that attempt only") {
+  TaskBook book(1, 2, 2);
+  book.set_open(0, true);
+  book.admit(task(0), t0);
+  auto h = book.next_hand_over(t0);
+  CHECK(book.hand_over_failed(*h) == h->task);
+  CHECK_FALSE(book.hand_over_failed(*h));
+  CHECK(book.failed() == 1);
+  CHECK(book.load(0) == 0);
+}
+
+TEST_CASE("task book: the oldest task of a worker is overdue from when it could start") {
+  TaskBook book(1, 3, 0);
+  book.set_open(0, true);
+  book.admit(task(0), t0);
+  book.admit(task(1), t0);
+  auto a = book.next_hand_over(t0);
+  auto b = book.next_hand_over(t0 + 50ms);
+  CHECK(book.overdue(t0 + 99ms, 100ms).empty());
+  CHECK(*book.next_deadline(100ms) == t0 + 100ms);
+  auto due = book.overdue(t0 + 100ms, 100ms);
+  REQUIRE(due.size() == 1);
+  CHECK(due[0].second == a->task);
+  // The second task could start only when the first finished, at +80 ms.
+  book.complete(0, a->task->id, a->attempt, true, t0 + 80ms);
+  CHECK(book.overdue(t0 + 150ms, 100ms).empty());
+  CHECK(book.overdue(t0 + 180ms, 100ms).at(0).second == b->task);
+  CHECK(book.overdue(t0 + 1h, 0ms).empty());  // no limit
+  CHECK_FALSE(book.next_deadline(0ms));
+}
+
+TEST_CASE("task book: take_all ends every open task in admission order and empties the book") {
+  TaskBook book(1, 4, 0);
+  book.set_open(0, true);
+  for (std::size_t i = 0; i < 4; ++i) book.admit(task(i), t0);
+  auto h = book.next_hand_over(t0);
+  auto all = book.take_all();
+  REQUIRE(all.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(all[i]->index == i);
+  CHECK(book.empty());
+  CHECK(book.load(0) == 0);
+  CHECK_FALSE(book.next_hand_over(t0));
+  CHECK_FALSE(book.complete(0, h->task->id, h->attempt, true, t0));
+  CHECK(book.failed() == 4);
+}
+
+}  // namespace ferry::supervisor
