@@ -48,6 +48,9 @@ struct RunArgs {
   std::int64_t features = ferry::kMlpFeatures;
   int timeout_ms = 0;
   int retries = 2;
+  ferry::RestartPolicy restart;
+  int backoff_ms = static_cast<int>(restart.backoff.count());
+  int backoff_max_ms = static_cast<int>(restart.backoff_max.count());
   bool json = false;
 };
 
@@ -240,6 +243,9 @@ int run(const RunArgs& a) {
   o.worker_executable = a.worker;
   o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
   o.max_retries = a.retries;
+  o.restart = a.restart;
+  o.restart.backoff = std::chrono::milliseconds(a.backoff_ms);
+  o.restart.backoff_max = std::chrono::milliseconds(a.backoff_max_ms);
   if (!a.model.empty()) o.config["model"] = a.model;
   if (a.task == "torchscript" && a.model.empty()) {
     throw BadInput("--task torchscript needs --model FILE.pt (a model saved by torch.jit.save)");
@@ -296,12 +302,25 @@ int run(const RunArgs& a) {
     sigwait(&stop_signals, &sig);
     if (sig == SIGUSR1) return;  // run() finished: nothing to stop
     g_signal = sig;
-    pool->close(ferry::Shutdown::Cancel);
+    try {
+      pool->close(ferry::Shutdown::Cancel);
+    } catch (const std::exception& e) {
+      ferry::log().error("closing the pool on a signal: {}", e.what());
+    }
   });
+  // The signal thread is released and joined however this function ends.
+  struct Release {
+    std::thread& t;
+    ~Release() {
+      ::pthread_kill(t.native_handle(), SIGUSR1);
+      t.join();
+    }
+  } release{signals};
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<ferry::Tensors> results(a.output.empty() ? 0 : count);
   std::vector<double> latencies;
   std::vector<std::string> errors;
+  std::string broken;  // why the pool could not go on, if it could not
   std::size_t done = 0;
   Progress progress(count);
   try {
@@ -321,13 +340,15 @@ int run(const RunArgs& a) {
       if (!a.json) progress.update(done, errors.size());
     }
   } catch (const ferry::Error& e) {
-    if (!g_signal) throw;
+    if (!g_signal) broken = e.what();
   }
   const double elapsed = Seconds(std::chrono::steady_clock::now() - t0).count();
   const ferry::PoolStats s = pool->stats();  // before close, while the pids are current
   pool->close(ferry::Shutdown::Cancel);
-  ::pthread_kill(signals.native_handle(), SIGUSR1);
-  signals.join();
+  if (broken.empty() &&
+      std::all_of(s.workers.begin(), s.workers.end(), [](const auto& w) { return w.given_up; })) {
+    broken = "ferry: worker_lost: every worker was given up";
+  }
   if (g_signal) {
     std::fprintf(stderr, "ferry: stopped by %s after %zu of %zu tasks; workers stopped\n",
                  g_signal == SIGINT ? "SIGINT" : "SIGTERM", done, count);
@@ -337,7 +358,9 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "%s\n", errors[i].c_str());
   }
   if (errors.size() > 5) std::fprintf(stderr, "... and %zu more failures\n", errors.size() - 5);
-  if (!a.output.empty() && errors.empty()) save_results(a.output, results);
+  if (!broken.empty()) std::fprintf(stderr, "%s\n", broken.c_str());
+  const bool complete = errors.empty() && broken.empty() && done == count;
+  if (!a.output.empty() && complete) save_results(a.output, results);
 
   const double rate = static_cast<double>(done) / std::max(elapsed, 1e-9);
   const std::uint64_t in_zc = s.input_bytes_zero_copy, in_cp = s.input_bytes_copied;
@@ -358,6 +381,8 @@ int run(const RunArgs& a) {
                          {"lost", w.tasks_lost},
                          {"restarts", w.restarts},
                          {"timeouts", w.timeouts},
+                         {"given_up", w.given_up},
+                         {"last_exit", w.last_exit},
                          {"bytes_zero_copy", w.bytes_zero_copy},
                          {"bytes_copied", w.bytes_copied}});
     }
@@ -374,7 +399,8 @@ int run(const RunArgs& a) {
         {"results", {{"bytes_zero_copy", out_zc}, {"bytes_copied", out_cp}}},
         {"cuda", cuda_summary()},
         {"workers", workers},
-        {"errors", errors}};
+        {"errors", errors},
+        {"broken", broken}};
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
     std::printf("ferry run: task '%s' on %zu worker(s), %zu tasks in %.2f s\n", a.task.c_str(),
@@ -397,10 +423,17 @@ int run(const RunArgs& a) {
                   ferry::format_bytes(w.bytes_zero_copy).c_str(),
                   ferry::format_bytes(w.bytes_copied).c_str());
     }
-    if (!a.output.empty() && errors.empty()) {
+    for (const auto& w : s.workers) {
+      if (w.given_up) {
+        std::printf("  worker %d (%s) given up; its last start: %s\n", w.id, w.device.c_str(),
+                    w.last_exit.c_str());
+      }
+    }
+    if (!a.output.empty() && complete) {
       std::printf("  wrote %zu results to %s\n", results.size(), a.output.c_str());
     }
   }
+  if (!broken.empty()) return kBroken;
   return errors.empty() ? kOk : kTasksFailed;
 }
 
@@ -450,12 +483,27 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 30));
   run_cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
       ->check(CLI::Range(0, 100));
+  run_cmd
+      ->add_option("--max-failed-starts", a.restart.max_failed_starts,
+                   "failed starts in a row, any cause, before a worker slot is given up")
+      ->check(CLI::Range(1, 1000));
+  run_cmd
+      ->add_option("--max-start-crashes", a.restart.max_start_crashes,
+                   "failed starts in a row by the worker's own fault before it is given up")
+      ->check(CLI::Range(1, 1000));
+  run_cmd
+      ->add_option("--restart-backoff-ms", a.backoff_ms,
+                   "wait before retrying a failed start; doubles with each failure in a row")
+      ->check(CLI::Range(0, 3600000));
+  run_cmd->add_option("--restart-backoff-max-ms", a.backoff_max_ms, "the longest such wait")
+      ->check(CLI::Range(0, 3600000));
   run_cmd->add_option("--worker", a.worker,
                       "worker executable for spawn (default: ferry-worker beside this program)");
   run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
   run_cmd->footer(
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
-      "3 the pool could not start or broke, 130/143 stopped by SIGINT/SIGTERM.\n"
+      "3 the pool could not start or broke (every worker given up), 130/143 stopped by\n"
+      "SIGINT/SIGTERM.\n"
       "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable.");
   try {
     app.parse(argc, argv);

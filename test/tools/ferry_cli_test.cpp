@@ -48,10 +48,10 @@ struct Ran {
   std::string out, err;
 };
 
-Ran run(const TempDir& dir, const std::string& args) {
-  const int status = std::system(
-      (kFerry + " " + args + " >'" + (dir / "stdout") + "' 2>'" + (dir / "stderr") + "' </dev/null")
-          .c_str());
+Ran run(const TempDir& dir, const std::string& args, const std::string& env = "") {
+  const int status = std::system((env + kFerry + " " + args + " >'" + (dir / "stdout") + "' 2>'" +
+                                  (dir / "stderr") + "' </dev/null")
+                                     .c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "stdout"),
           slurp(dir / "stderr")};
 }
@@ -256,6 +256,27 @@ TEST_CASE("ferry run checks shared memory first: a /dev/shm too small stops it w
       ::_exit(1);
     }
   });
+}
+
+TEST_CASE("when its workers keep failing to start, ferry run ends with exit 3 and names them") {
+  TempDir dir;
+  // Both workers start, then every restart crashes by itself (ferry-test-worker's start plan):
+  // each slot is given up after 2 such starts, and with none left the run ends.
+  std::ofstream(dir / "plan") << "ok\nok\ncrash\ncrash\ncrash\ncrash\n";
+  const Ran r = run(dir,
+                    "run --task segfault --workers 2 --batches 20 --retries 50 --start spawn "
+                    "--max-start-crashes 2 --restart-backoff-ms 10 --worker " +
+                        std::string(FERRY_TEST_WORKER) + " --output " + (dir / "out.pt"),
+                    "FERRY_TEST_START_PLAN='" + (dir / "plan") + "' ");
+  INFO(r.out << r.err);
+  CHECK(r.code == 3);
+  CHECK_THAT(r.err,
+             Catch::Contains("no worker can be started") && Catch::Contains("exited with code 3"));
+  CHECK_THAT(r.out, Catch::Contains("worker 0 (cpu) given up; its last start: worker 0 (cpu) "
+                                    "ended during its start-up, exited with code 3") &&
+                        Catch::Contains("worker 1 (cpu) given up"));
+  CHECK_THAT(r.err, !Catch::Contains("terminate called"));
+  CHECK(::access((dir / "out.pt").c_str(), F_OK) != 0);  // no partial output written
 }
 
 TEST_CASE("ferry run --help explains each flag and the exit codes") {
