@@ -163,6 +163,21 @@ std::shared_ptr<Segment> find_published_segment(std::uint32_t seq) {
   return it == g_server->segments.end() ? nullptr : it->second;
 }
 
+namespace {
+
+// A killed process closes its sockets a moment before it becomes a zombie, so a fetch that
+// failed because its owner is dying is told from a live owner's fault by watching it briefly
+// (on the error path only).
+bool owner_gone(pid_t pid) {
+  for (int i = 0; i < 20; ++i) {
+    if (!process_alive(pid)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace
+
 UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
                           std::chrono::milliseconds timeout) {
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -177,7 +192,7 @@ UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint3
   socklen_t len = socket_address(owner_pid, owner_token, &addr);
   if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     int err = errno;
-    if (!process_alive(owner_pid)) {
+    if (owner_gone(owner_pid)) {
       throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +
                                        ") exited before its segment " + std::to_string(seq) +
                                        " was mapped here; its tensor is lost");
@@ -202,7 +217,7 @@ UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint3
                                      " within " + std::to_string(timeout.count()) + " ms");
     }
     if (e.code() == Errc::fd_transfer) throw;  // this process is out of descriptors
-    if (!process_alive(owner_pid)) {
+    if (owner_gone(owner_pid)) {
       throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +
                                        ") exited while handing over segment " +
                                        std::to_string(seq));

@@ -287,6 +287,8 @@ struct Pool::State {
     auto failure = p.finish_start(
         spec, names, [this, w](Tensors m) { on_result(w, std::move(m)); },
         [this, w](const Error& e) {
+          // A result lost because its worker died goes with the death: the task is retried.
+          if (e.code() == Errc::peer_dead) return;
           request_kill(w, "it sent a result the supervisor could not read (" + e.detail() + ")");
         });
     if (failure) return start_failed(w, *failure);
