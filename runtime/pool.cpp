@@ -267,7 +267,7 @@ struct Pool::State {
 
   // ---- worker processes (the monitor thread) ------------------------------------------------
   void launch(int w) {
-    std::vector<int> others;  // a forked child keeps none of the supervisor's other links
+    std::vector<int> others{monitor.fd()};  // a forked child keeps none of the supervisor's links
     for (const auto& x : workers) {
       if (x->pidfd() >= 0) others.push_back(x->pidfd());
       if (x->control_fd() >= 0) others.push_back(x->control_fd());

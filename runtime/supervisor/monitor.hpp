@@ -20,6 +20,8 @@ class Monitor {
  public:
   Monitor();  // throws Error(system) when no eventfd can be made
 
+  int fd() const noexcept { return wake_.get(); }  // for a forked child to close
+
   // Wakes the current or next wait() (any thread; async-signal-safe).
   void rouse() const noexcept;
 
