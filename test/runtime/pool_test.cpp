@@ -183,7 +183,8 @@ TEST_CASE(
 
 TEST_CASE("a task past its timeout kills its worker and fails naming the timeout") {
   PoolOptions o = cpu_pool(1);
-  o.task_timeout = 300ms;
+  // Long enough that the restarted worker's first task never hits it on a loaded machine.
+  o.task_timeout = 1000ms;
   o.max_retries = 0;
   Pool pool(o);
   const pid_t before = pool.worker_pids()[0];
@@ -193,7 +194,7 @@ TEST_CASE("a task past its timeout kills its worker and fails naming the timeout
     FAIL("the task should have timed out");
   } catch (const TaskError& e) {
     CHECK(e.code() == Errc::worker_lost);
-    CHECK_THAT(e.what(), Catch::Contains("timeout of 300 ms") && Catch::Contains("SIGKILL"));
+    CHECK_THAT(e.what(), Catch::Contains("timeout of 1000 ms") && Catch::Contains("SIGKILL"));
   }
   CHECK_FALSE(process_alive(before));
   CHECK(pool.submit("square", {at::full({1}, 3.0)}).get()[0].item<double>() == 9.0);
