@@ -71,7 +71,7 @@ TEST_CASE("receipt: a threshold of 0 turns copying on receipt off", "[receipt]")
   CHECK(decide_receipt(kFlagCopied, 400, 0) == Receipt::view);
 }
 
-TEST_CASE("receipt: FERRY_COPY_ON_RECEIPT_BELOW sets the threshold; a bad value names it",
+TEST_CASE("receipt: FERRY_COPY_ON_RECEIPT_BELOW sets the threshold, and a bad value names it",
           "[receipt]") {
   {
     ScopedSetting unset(nullptr);

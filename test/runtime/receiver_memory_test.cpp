@@ -119,7 +119,7 @@ void poke_recv(TensorQueue& q) {
 
 }  // namespace
 
-TEST_CASE("a small copied tensor is the receiver's own at once; a shared one stays a view",
+TEST_CASE("a small copied tensor is the receiver's own at once, a shared one stays a view",
           "[receiver]") {
   if (ferry::detail::copy_on_receipt_below() <= 256) {
     WARN("SKIP: FERRY_COPY_ON_RECEIPT_BELOW is set to 256 bytes or less");
