@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
@@ -16,9 +17,13 @@
 namespace ferry {
 namespace {
 
+// `held` while the owner lives; once it has exited only `seen` remains, so the mapping lasts
+// exactly as long as something else holds it (and a message the owner left queued can still be
+// read meanwhile).
 struct Entry {
   pid_t pid;
-  std::shared_ptr<Segment> segment;
+  std::shared_ptr<Segment> held;
+  std::weak_ptr<Segment> seen;
 };
 
 std::mutex g_mu;
@@ -28,9 +33,19 @@ auto* g_cache = new std::map<std::pair<std::uint64_t, std::uint32_t>, Entry>;
 [[maybe_unused]] const int g_atfork =
     pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 
-void prune_locked() {
+// Releases outside the lock: the last reference unmaps.
+using Released = std::vector<std::shared_ptr<Segment>>;
+
+void drop_dead_locked(Released& released) {
+  std::map<pid_t, bool> alive;  // one check per owner, not per segment
   for (auto it = g_cache->begin(); it != g_cache->end();) {
-    it = process_alive(it->second.pid) ? std::next(it) : g_cache->erase(it);
+    Entry& e = it->second;
+    if (e.held) {
+      auto [a, fresh] = alive.emplace(e.pid, false);
+      if (fresh) a->second = process_alive(e.pid);
+      if (!a->second) released.push_back(std::move(e.held));
+    }
+    it = e.held || !e.seen.expired() ? std::next(it) : g_cache->erase(it);
   }
 }
 
@@ -51,17 +66,38 @@ std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_t
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_cache->find(key);
-    if (it != g_cache->end()) return it->second.segment;
+    if (it != g_cache->end()) {
+      if (it->second.held) return it->second.held;
+      if (auto still = it->second.seen.lock()) return still;
+    }
   }
   // Fetch without the lock: other receiving threads keep going meanwhile.
   auto segment =
       Segment::attach(fetch_segment_fd(owner_pid, owner_token, seq, timeout), expected_size);
   detail::bump(detail::counters().segments_mapped);
   log().debug("mapped segment {} of pid {} ({} bytes)", seq, owner_pid, segment->size());
+  Released released;
   std::lock_guard<std::mutex> lock(g_mu);
-  prune_locked();
+  drop_dead_locked(released);
+  Entry& e = (*g_cache)[key];
   // A racing thread's mapping wins; ours is unmapped on return.
-  return g_cache->emplace(key, Entry{owner_pid, segment}).first->second.segment;
+  if (!e.held) e = Entry{owner_pid, segment, segment};
+  return e.held;
+}
+
+void drop_peer_segments(std::uint64_t owner_token) noexcept {
+  Released released;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_cache->lower_bound({owner_token, 0});
+  for (; it != g_cache->end() && it->first.first == owner_token; ++it) {
+    if (it->second.held) released.push_back(std::move(it->second.held));
+  }
+}
+
+void drop_dead_peer_segments() noexcept {
+  Released released;
+  std::lock_guard<std::mutex> lock(g_mu);
+  drop_dead_locked(released);
 }
 
 }  // namespace ferry

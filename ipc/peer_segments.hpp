@@ -1,6 +1,10 @@
 // Peers' segments as mapped in this process: each one mapped once and reused for every tensor
 // that lives in it, so a warm receiver makes no mmap or fd-passing call. Keyed by the owner's
 // token and the segment's sequence number (a pid alone is reused; a token is not).
+//
+// The cache holds a live owner's mappings for good; an owner that exited has its mappings held
+// only by what still points into them (tensors, the grace period of relocated storages), so
+// they are unmapped when the last of those goes.
 #pragma once
 
 #include <sys/types.h>
@@ -19,5 +23,12 @@ class Segment;
 std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_token,
                                           std::uint32_t seq, std::size_t expected_size,
                                           std::chrono::milliseconds timeout);
+
+// Stops holding the mappings of the owner with `owner_token`, which has exited.
+void drop_peer_segments(std::uint64_t owner_token) noexcept;
+
+// Stops holding the mappings of every owner that has exited (a liveness check per owner: callers
+// rate-limit it). Mapping a new segment does this too.
+void drop_dead_peer_segments() noexcept;
 
 }  // namespace ferry

@@ -50,6 +50,10 @@ TransportStats transport_stats() noexcept {
   }
   s.tensors_received = ld(c.tensors_received);
   s.bytes_received = ld(c.bytes_received);
+  s.tensors_copied_on_receipt = ld(c.tensors_copied_on_receipt);
+  s.bytes_copied_on_receipt = ld(c.bytes_copied_on_receipt);
+  s.storages_relocated = ld(c.storages_relocated);
+  s.bytes_relocated = ld(c.bytes_relocated);
   s.segments_created = ld(c.segments_created);
   s.segments_mapped = ld(c.segments_mapped);
   s.fds_fetched = ld(c.fds_fetched);

@@ -29,6 +29,10 @@ struct TransportStats {
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
   std::uint64_t copies_by_reason[static_cast<int>(CopyReason::count_)] = {};
   std::uint64_t tensors_received = 0, bytes_received = 0;
+  // Of those, small copied tensors taken into this process's memory at once (their lease ended).
+  std::uint64_t tensors_copied_on_receipt = 0, bytes_copied_on_receipt = 0;
+  // Received storages moved into this process's memory because their sender exited.
+  std::uint64_t storages_relocated = 0, bytes_relocated = 0;
   std::uint64_t segments_created = 0;  // shm segments this process made (arena growth, ledgers)
   std::uint64_t segments_mapped = 0;   // peers' segments mapped here (each at most once)
   std::uint64_t fds_fetched = 0;       // segment fds received by SCM_RIGHTS
@@ -55,6 +59,8 @@ struct StatCounters {
   std::atomic<std::uint64_t> tensors_copied{0}, bytes_copied{0};
   std::atomic<std::uint64_t> copies_by_reason[static_cast<int>(CopyReason::count_)]{};
   std::atomic<std::uint64_t> tensors_received{0}, bytes_received{0};
+  std::atomic<std::uint64_t> tensors_copied_on_receipt{0}, bytes_copied_on_receipt{0};
+  std::atomic<std::uint64_t> storages_relocated{0}, bytes_relocated{0};
   std::atomic<std::uint64_t> segments_created{0}, segments_mapped{0}, fds_fetched{0};
   std::atomic<std::uint64_t> leases_reclaimed{0};
   std::atomic<std::uint64_t> cuda_tensors_zero_copy{0}, cuda_bytes_zero_copy{0};

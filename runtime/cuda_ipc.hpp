@@ -2,7 +2,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <sys/types.h>
+
+#include "runtime/peer_exit.hpp"  // notify_peer_exit(), which also marks CUDA views
 
 namespace ferry {
 
@@ -10,9 +11,5 @@ namespace ferry {
 // gone, and ferry refuses to send it on (Error peer_dead). True for every other tensor.
 // Exits are noticed within about 100 ms, or at once after notify_peer_exit().
 bool source_alive(const at::Tensor& t);
-
-// Tells ferry that process `pid` exited (a supervisor knows first), so views on its CUDA memory
-// are marked at once.
-void notify_peer_exit(pid_t pid);
 
 }  // namespace ferry

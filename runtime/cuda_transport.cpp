@@ -723,7 +723,7 @@ bool source_alive(const at::Tensor& t) {
   return !v->importer->cache.owner_dead(v->entry);
 }
 
-void notify_peer_exit(pid_t pid) {
+void detail::cuda_peer_exited(pid_t pid) {
   detail::Importer& im = detail::importer();
   std::lock_guard<std::mutex> lock(im.mu);
   for (const auto& owner : im.cache.owners()) {

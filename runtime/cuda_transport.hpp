@@ -64,5 +64,8 @@ std::size_t cuda_in_flight();
 // True when `t`'s storage is a view on a peer's CUDA allocation.
 bool is_cuda_received(const at::Tensor& t);
 
+// Marks the views on exited process `pid`'s CUDA allocations (notify_peer_exit()).
+void cuda_peer_exited(pid_t pid);
+
 }  // namespace detail
 }  // namespace ferry

@@ -3,7 +3,8 @@
 
 #include "ipc/error.hpp"              // ferry::Error, ferry::Errc
 #include "ipc/stats.hpp"              // ferry::transport_stats()
-#include "runtime/cuda_ipc.hpp"       // ferry::source_alive(), ferry::notify_peer_exit()
+#include "runtime/cuda_ipc.hpp"       // ferry::source_alive()
+#include "runtime/peer_exit.hpp"      // ferry::notify_peer_exit(), ferry::release_dead_peers()
 #include "runtime/pool.hpp"           // ferry::Pool, ferry::TaskError
 #include "runtime/shared_tensor.hpp"  // ferry::empty_shared(), ferry::arena_stats()
 #include "runtime/tensor_queue.hpp"   // ferry::TensorQueue

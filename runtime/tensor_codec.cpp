@@ -1,5 +1,6 @@
 #include "runtime/tensor_codec.hpp"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/strides.h>
 
 #include <cstring>
@@ -7,9 +8,11 @@
 
 #include "ipc/error.hpp"
 #include "ipc/process.hpp"
+#include "ipc/receipt_policy.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/dtype.hpp"
+#include "runtime/received_storages.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -24,6 +27,7 @@ struct ReceivedContext {
   std::uint32_t slot;
   std::uint32_t gen;
   pid_t holder;
+  std::uint64_t owner_token;
 };
 
 void owned_deleter(void* ctx) {
@@ -89,6 +93,11 @@ std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t) {
 bool is_received(const at::Tensor& t) {
   return t.defined() && t.has_storage() &&
          t.storage().data_ptr().get_deleter() == &received_deleter;
+}
+
+std::uint64_t received_owner(const c10::DataPtr& data) {
+  if (data.get_deleter() != &received_deleter) return 0;
+  return static_cast<const ReceivedContext*>(data.get_context())->owner_token;
 }
 
 void check_sendable(const at::Tensor& t, std::size_t index) {
@@ -165,16 +174,39 @@ Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detac
   return out;
 }
 
+std::uint64_t copy_on_receipt_below() {
+  // Read once per process (a forked child keeps its parent's value).
+  static const std::uint64_t below = copy_on_receipt_below_from_env();
+  return below;
+}
+
 at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
                   std::shared_ptr<Segment> ledger, pid_t holder) {
+  const std::uint64_t copy_below = copy_on_receipt_below();
   const at::ScalarType dtype = from_wire_dtype(r.dtype);
   std::byte* base = data->data() + r.block_offset;
-  auto* ctx =
-      new ReceivedContext{std::move(data), std::move(ledger), r.lease_slot, r.lease_gen, holder};
   const at::IntArrayRef sizes(r.sizes, r.rank);
   const at::IntArrayRef strides(r.strides, r.rank);
-  return tensor_over(base, r.block_length, ctx, &received_deleter, c10::Device(c10::kCPU), dtype,
-                     sizes, strides, r.storage_offset);
+  const c10::Device cpu(c10::kCPU);
+  if (decide_receipt(r.flags, r.block_length, copy_below) == Receipt::copy_out) {
+    // The whole block, so the copy keeps the record's strides and storage offset exactly.
+    c10::DataPtr own = c10::GetCPUAllocator()->allocate(r.block_length);
+    if (r.block_length > 0) std::memcpy(own.get(), base, r.block_length);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), r.block_length, std::move(own),
+                         c10::GetCPUAllocator(), true);
+    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(cpu))
+                       .set_(std::move(storage), r.storage_offset, sizes, strides);
+    Ledger::release(*ledger, r.lease_slot, r.lease_gen, holder);
+    bump(counters().tensors_copied_on_receipt);
+    bump(counters().bytes_copied_on_receipt, r.block_length);
+    return t;
+  }
+  auto* ctx = new ReceivedContext{std::move(data), std::move(ledger), r.lease_slot, r.lease_gen,
+                                  holder,          r.owner_token};
+  at::Tensor t = tensor_over(base, r.block_length, ctx, &received_deleter, cpu, dtype, sizes,
+                             strides, r.storage_offset);
+  if (r.owner_token != process_token()) track_received(t.storage(), r.owner_token, r.owner_pid);
+  return t;
 }
 
 }  // namespace ferry::detail

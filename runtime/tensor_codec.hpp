@@ -3,7 +3,8 @@
 // A tensor whose storage is a block of this process's arena is described in place (zero-copy);
 // any other tensor is first copied into a fresh block (copy-on-send). Either way the block is
 // kept alive by a lease until the receiver drops its view. On the receiving side a record
-// becomes an at::Tensor over the owner's mapped segment, whose deleter ends the lease.
+// becomes an at::Tensor over the owner's mapped segment, whose deleter ends the lease, or, for a
+// small copied block, a copy in the receiver's own memory.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -49,6 +50,8 @@ at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t);
 std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t);
 // True when `t`'s storage was received from a peer.
 bool is_received(const at::Tensor& t);
+// The token of the peer whose block `data` is a view of, or 0 when it is not a received block.
+std::uint64_t received_owner(const c10::DataPtr& data);
 
 // Throws Error(invalid_argument) for a tensor that cannot travel (undefined, sparse, on a
 // device other than CPU or CUDA, too many dims), naming its index and the remedy.
@@ -70,8 +73,14 @@ void describe_view(const at::Tensor& t, wire::Record& r);
 // Counts one tensor copied on send, and why.
 void count_copy(CopyReason reason, std::size_t bytes);
 
-// Builds the received tensor for a validated record whose lease `holder` has claimed. The
-// tensor's deleter releases the lease.
+// Copied blocks smaller than this are copied on receipt (FERRY_COPY_ON_RECEIPT_BELOW, read
+// once per process). Throws Error(invalid_argument) for a bad value.
+std::uint64_t copy_on_receipt_below();
+
+// Builds the received tensor for a validated record whose lease `holder` has claimed. A small
+// copied block is copied into this process's memory and its lease released at once
+// (decide_receipt); otherwise the tensor is a view of the block whose deleter releases the lease,
+// and its storage is noted under its sender (track_received).
 at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
                   std::shared_ptr<Segment> ledger, pid_t holder);
 

@@ -17,6 +17,7 @@
 #include "ipc/stats.hpp"
 #include "ipc/wire.hpp"
 #include "runtime/cuda_transport.hpp"
+#include "runtime/received_storages.hpp"
 #include "runtime/tensor_codec.hpp"
 
 namespace ferry {
@@ -199,6 +200,10 @@ void TensorQueue::send(const Tensors& tensors, const SendOptions& options) {
 }
 
 Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
+  // Before the pop: a bad FERRY_COPY_ON_RECEIPT_BELOW fails with no message taken, and storages
+  // received from senders that died move into this process (at most every 100 ms).
+  detail::copy_on_receipt_below();
+  detail::relocate_from_dead_if_due();
   std::vector<std::byte> bytes;
   std::vector<Claimed> claimed;
   channel_->pop(bytes, timeout, [&](const std::byte* recs, std::uint32_t count, std::uint64_t) {

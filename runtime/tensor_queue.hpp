@@ -4,7 +4,13 @@
 // thread may send and receive. A message is a list of CPU and CUDA tensors. Tensors allocated
 // with ferry::empty_shared() travel zero-copy: the receiver gets a view on the sender's block, and
 // the block returns to the sender's allocator when the last receiver drops its view. Any other
-// CPU tensor is copied once into shared memory on send (counted in transport_stats()).
+// CPU tensor is copied once into shared memory on send (counted in transport_stats()); the
+// receiver gets a view of that copy too, except below FERRY_COPY_ON_RECEIPT_BELOW (64 KiB), where
+// it copies the bytes into its own memory at once and the sender has its block back.
+//
+// What a receiver keeps never pins a dead sender's memory: when a sender exits, the CPU tensors
+// received from it move into the receiver's own memory (runtime/peer_exit.hpp); recv() looks
+// for such senders at most every 100 ms.
 //
 // A CUDA tensor travels by CUDA IPC: the receiver gets a view on the sender's allocation, opened
 // once per process, after its current stream waited for the sender's last write. Where that is

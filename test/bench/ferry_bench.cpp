@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "ipc/receipt_policy.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
@@ -623,6 +624,97 @@ json stats_delta(const ferry::TransportStats& a, const ferry::TransportStats& b)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Copy on receipt: what a receiver pays to copy a small copied tensor into its own memory at once
+// instead of keeping a view of the sender's block (FERRY_COPY_ON_RECEIPT_BELOW).
+
+constexpr std::size_t kReceiptSizes[] = {256,       4 * kKiB,   16 * kKiB,  32 * kKiB,
+                                         64 * kKiB, 128 * kKiB, 256 * kKiB, kMiB};
+
+// One message of an ordinary tensor, sent and received in one process (copy-on-send, then a view
+// or a copy on receipt as the setting says), per message in microseconds. `keep`: every message
+// received is kept, as a caller collecting results does, so each copy lands in fresh memory and
+// each view holds a lease and a block of the sender's arena; otherwise each is dropped at once.
+std::vector<double> time_receipts(ferry::TensorQueue& q, std::size_t bytes, bool keep, int n) {
+  const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
+  const at::Tensor src = make_tensor(Mode::copy, numel, 1);
+  const int warmup = std::max(5, n / 10);
+  std::vector<Tensors> kept;
+  kept.reserve(static_cast<std::size_t>(keep ? warmup + n : 0));
+  std::vector<double> samples;
+  for (int i = 0; i < warmup + n; ++i) {
+    const auto t0 = SteadyClock::now();
+    q.send({src}, kTimeout);
+    Tensors m = q.recv(kTimeout);
+    g_sink = floats(m[0])[numel - 1];
+    if (keep) kept.push_back(std::move(m));
+    m.clear();
+    const auto t1 = SteadyClock::now();
+    if (i >= warmup) samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return samples;
+}
+
+// Run in a child process that exec'd this binary with FERRY_COPY_ON_RECEIPT_BELOW set, since a
+// process reads the setting once: prints the timings of every size, dropped and kept, as JSON.
+int receipt_probe(bool quick) {
+  at::set_num_threads(1);
+  auto q = ferry::TensorQueue::create({kCapacity});
+  const int iterations = quick ? 200 : 2000;
+  const std::size_t keep_cap = (quick ? 16 : 64) * kMiB;  // bytes kept per size at most
+  json out = json::array();
+  for (std::size_t bytes : kReceiptSizes) {
+    const int kept_n = static_cast<int>(
+        std::max<std::size_t>(20, std::min<std::size_t>(iterations, keep_cap / bytes)));
+    const auto before = ferry::transport_stats();
+    const Latency dropped = summarize(time_receipts(q, bytes, false, iterations));
+    const Latency kept = summarize(time_receipts(q, bytes, true, kept_n));
+    const auto after = ferry::transport_stats();
+    out.push_back(
+        {{"size_bytes", bytes},
+         {"dropped_us", to_json(dropped)},
+         {"kept_us", to_json(kept)},
+         {"copied_on_receipt", after.tensors_copied_on_receipt - before.tensors_copied_on_receipt},
+         {"received", after.tensors_received - before.tensors_received}});
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+// The probe twice: every copied tensor a view (0), then every one copied on receipt (1 GiB).
+json measure_receipt(const Config& cfg) {
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return {{"status", "failed"}, {"reason", "cannot find this executable"}};
+  json result = {{"status", "ok"}};
+  for (const char* below : {"0", "1G"}) {
+    const std::string cmd = std::string("FERRY_COPY_ON_RECEIPT_BELOW=") + below + " '" +
+                            std::string(exe, static_cast<std::size_t>(n)) + "' --receipt-probe" +
+                            (cfg.quick ? " --quick" : "");
+    std::fflush(nullptr);
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (!pipe) return {{"status", "failed"}, {"reason", "popen failed"}};
+    std::string text;
+    char buf[4096];
+    for (std::size_t k; (k = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, k);
+    if (::pclose(pipe) != 0) return {{"status", "failed"}, {"reason", cmd + " failed"}};
+    json probe = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!probe.is_array()) return {{"status", "failed"}, {"reason", cmd + " printed no JSON"}};
+    // The labels must be true here too: no copy in the view run, every tensor copied in the other.
+    for (const json& e : probe) {
+      const auto copied = e["copied_on_receipt"].get<std::uint64_t>();
+      const auto received = e["received"].get<std::uint64_t>();
+      if (copied != (std::string(below) == "0" ? 0 : received)) {
+        return {{"status", "failed"},
+                {"reason",
+                 cmd + " copied " + std::to_string(copied) + " of " + std::to_string(received)}};
+      }
+    }
+    result[std::string(below) == "0" ? "view" : "copy"] = probe;
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The torch.multiprocessing baseline, run as a subprocess by the system interpreter.
 
 std::string shell_quote(const std::string& s) {
@@ -767,6 +859,28 @@ void print_report(const json& report, const std::vector<Target>& targets) {
                 num(e["memcpy_rotating"]["gb_per_s"].get<double>()).c_str());
   }
 
+  const json& receipt = report["copy_on_receipt"];
+  if (receipt["status"] == "ok") {
+    std::printf(
+        "\nCopy on receipt: send+recv of a copied tensor in one process, microseconds p50, "
+        "the receiver keeping a view or a copy (default: copy below %s)\n%s%s%s%s%s\n",
+        size_name(ferry::kDefaultCopyOnReceiptBelow).c_str(), pad("size", w0).c_str(),
+        pad("view, dropped", w).c_str(), pad("copy, dropped", w).c_str(),
+        pad("view, kept", w).c_str(), "copy, kept");
+    for (std::size_t k = 0; k < receipt["view"].size(); ++k) {
+      const json& v = receipt["view"][k];
+      const json& c = receipt["copy"][k];
+      std::printf("%s%s%s%s%s\n", pad(size_name(v["size_bytes"].get<std::size_t>()), w0).c_str(),
+                  pad(num(v["dropped_us"]["p50"].get<double>()), w).c_str(),
+                  pad(num(c["dropped_us"]["p50"].get<double>()), w).c_str(),
+                  pad(num(v["kept_us"]["p50"].get<double>()), w).c_str(),
+                  num(c["kept_us"]["p50"].get<double>()).c_str());
+    }
+  } else {
+    std::printf("\ncopy on receipt: %s: %s\n", receipt["status"].get<std::string>().c_str(),
+                receipt["reason"].get<std::string>().c_str());
+  }
+
   std::printf("\nTargets (ratios of p50s)\n%s%s%s%s%s\n", pad("ratio", 46).c_str(),
               pad("size", w0).c_str(), pad("value", 10).c_str(), pad("goal", 9).c_str(), "result");
   int pass = 0, miss = 0, skipped = 0;
@@ -886,6 +1000,10 @@ int run(const Config& cfg) {
     results.push_back(e);
   }
 
+  std::fprintf(stderr, "ferry-bench: copy on receipt against a view\n");
+  report["copy_on_receipt"] = measure_receipt(cfg);
+  if (report["copy_on_receipt"]["status"] != "ok") ok = false;
+
   std::fprintf(stderr, "ferry-bench: torch.multiprocessing baseline (%s)\n", cfg.python.c_str());
   json torch = run_torch_peer(cfg, plans);
   if (torch["status"] == "ok") {
@@ -953,7 +1071,12 @@ int main(int argc, char** argv) {
                  "baseline (default /usr/bin/python3)");
   app.add_option("--torch-peer", cfg.peer_script, "path of torch_peer.py");
   app.add_flag("--no-torch", no_torch, "skip the torch.multiprocessing baseline");
+  bool receipt_probe_only = false;
+  app.add_flag("--receipt-probe", receipt_probe_only,
+               "internal: time copy on receipt with this process's setting, print JSON")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
+  if (receipt_probe_only) return receipt_probe(cfg.quick);
 
   for (const std::string& s : sizes) {
     const auto bytes = parse_size(s);

@@ -87,7 +87,9 @@ TEST_CASE("a receiver SIGKILLed while holding tensors gives its leases back", "[
     ::pause();  // holds a and b until killed
   });
   q.send({ferry::empty_shared({1000}, at::kFloat), ferry::empty_shared({10}, at::kLong)}, 30s);
-  q.send({at::ones({64})}, 30s);  // copied on send: its block is leased the same way
+  // Copied on send, and large enough (256 KiB) that the receiver keeps a view rather than a copy
+  // of its own: its block is leased the same way.
+  q.send({at::ones({1 << 16})}, 30s);
   ctl.recv(30s);
   REQUIRE(ferry::arena_stats().leases_outstanding == base.leases_outstanding + 3);
   ::kill(child, SIGKILL);

@@ -131,10 +131,13 @@ TEST_CASE("copy-on-send is counted with its reason, and forwarding a received te
   auto q = TensorQueue::create({4});
   auto loop = TensorQueue::create({4});
   const auto before = ferry::transport_stats();
-  q.send({at::ones({100})}, 5s);  // an ordinary tensor
+  // An ordinary tensor, large enough (256 KiB) that the receiver keeps a view of the sender's
+  // block: a smaller one would be copied on receipt, and forwarding it would be an ordinary send.
+  const at::Tensor ones = at::ones({1 << 16});
+  q.send({ones}, 5s);
   Tensors got = q.recv(5s);
   loop.send(got, 5s);  // received from a peer (here, ourselves): forwarded by copy
-  REQUIRE(loop.recv(5s)[0].equal(at::ones({100})));
+  REQUIRE(loop.recv(5s)[0].equal(ones));
   const auto after = ferry::transport_stats();
   const auto reason = [&](ferry::CopyReason r) {
     return after.copies_by_reason[static_cast<int>(r)] -
@@ -142,7 +145,7 @@ TEST_CASE("copy-on-send is counted with its reason, and forwarding a received te
   };
   REQUIRE(reason(ferry::CopyReason::not_shared) == 1);
   REQUIRE(reason(ferry::CopyReason::received) == 1);
-  REQUIRE(after.bytes_copied - before.bytes_copied == 800);
+  REQUIRE(after.bytes_copied - before.bytes_copied == 2 * ones.nbytes());
 }
 
 TEST_CASE("a detached send copies even a shared tensor, so the receiver's view is its own",
