@@ -135,12 +135,14 @@ TEST_CASE("while one worker is slow to start, another's death is handled and its
   StartPlan plan("");
   PoolOptions o = spawned(3);
   Pool pool(o);
-  plan.write("sleep:8000\n");  // the next start takes 8 s
+  // The next start takes a minute; the waits below are generous for a loaded machine, and the
+  // test ends (killing that start) as soon as they hold.
+  plan.write("sleep:60000\n");
   const auto before = pool.worker_pids();
   REQUIRE(::kill(before[0], SIGKILL) == 0);
   // Worker 0 is reaped and its slow restart under way (the plan's line is taken).
-  REQUIRE(eventually([&] { return pool.worker_pids()[0] == -1; }, 5s));
-  REQUIRE(eventually([&] { return std::ifstream(plan.path).peek() == EOF; }, 5s));
+  REQUIRE(eventually([&] { return pool.worker_pids()[0] == -1; }, 30s));
+  REQUIRE(eventually([&] { return std::ifstream(plan.path).peek() == EOF; }, 30s));
   REQUIRE(::kill(before[1], SIGKILL) == 0);
   // Worker 1 comes back and the pool computes, all while worker 0 is still starting.
   REQUIRE(eventually(
@@ -148,7 +150,7 @@ TEST_CASE("while one worker is slow to start, another's death is handled and its
         const pid_t p = pool.worker_pids()[1];
         return p > 0 && p != before[1];
       },
-      7s));
+      30s));
   check_squares(pool.map("square", numbers(30)));
   CHECK(pool.worker_pids()[0] == -1);
 }
