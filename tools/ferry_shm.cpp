@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "ipc/error.hpp"
-#include "ipc/segment.hpp"
 #include "ipc/shm_census.hpp"
 #include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
@@ -203,7 +202,7 @@ int run_clean(const ferry::ShmCleanOptions& opt) {
 int main(int argc, char** argv) {
   CLI::App app{"ferry-shm: diagnose shared-memory limits, find and clean leftover segments"};
   app.require_subcommand(0, 1);
-  std::string dir = ferry::default_shm_dir();
+  std::string dir;  // empty: $FERRY_SHM_DIR or /dev/shm, read inside the try below
   std::string need_text;
   unsigned workers = 0;
   bool json = false, all = false, dry_run = false, no_reserve = false, no_cuda = false;

@@ -139,6 +139,27 @@ TEST_CASE("ferry-shm refuses bad input with the value and the accepted forms, ex
   CHECK_THAT(r.out, Catch::Contains("check") && Catch::Contains("clean"));
 }
 
+TEST_CASE("a bad FERRY_* variable is refused by name and value, exit 2", "[tools][ferry-shm]") {
+  ::setenv("FERRY_SHM_DIR", "shm", 1);  // relative: another place in each working directory
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"ls"}, {"clean", "--dry-run"}, {"check", "--no-cuda"}}) {
+    const Run r = ferry_shm(args);
+    INFO(args[0] << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("ferry-shm: FERRY_SHM_DIR='shm' is not accepted") &&
+                          Catch::Contains("an absolute path"));
+  }
+  ::unsetenv("FERRY_SHM_DIR");
+  ::setenv("FERRY_ARENA_SEGMENT_MB", "2s", 1);
+  const Run r = ferry_shm({"check", "--no-cuda", "--no-reserve"});
+  ::unsetenv("FERRY_ARENA_SEGMENT_MB");
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("FERRY_ARENA_SEGMENT_MB='2s' is not accepted") &&
+                        Catch::Contains("a number of MiB") &&
+                        Catch::Contains("the default (64.0 MiB)"));
+}
+
 TEST_CASE("ferry-shm ls and clean: orphans go, live segments stay", "[tools][ferry-shm]") {
   ferry::test::in_child([] {
     ferry::test::run_in_private_container(16 << 20, [] {
