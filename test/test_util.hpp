@@ -1,11 +1,13 @@
 // Helpers for tests that cross real process boundaries.
 #pragma once
 
+#include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -133,6 +135,32 @@ namespace ferry::test {
   int status = 0;
   if (init < 0 || ::waitpid(init, &status, 0) != init) ::_exit(4);
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+}  // namespace ferry::test
+
+namespace ferry::test {
+
+// In a (single-threaded) child: takes CAP_SYS_PTRACE from this process and from everything it
+// starts or executes (bounding, permitted and effective sets), as container runtimes do. Root
+// then cannot read the /proc/<pid>/fd or maps of a process that is not dumpable. Exits the child
+// with kSkip when the capability cannot be dropped.
+inline void drop_cap_sys_ptrace() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  const unsigned bit = 1u << (CAP_SYS_PTRACE % 32);
+  if (::prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0 ||
+      ::syscall(SYS_capget, &header, data) != 0) {
+    std::fprintf(stderr, "SKIP: cannot drop CAP_SYS_PTRACE (%s)\n", std::strerror(errno));
+    ::_exit(kSkip);
+  }
+  data[CAP_SYS_PTRACE / 32].effective &= ~bit;
+  data[CAP_SYS_PTRACE / 32].permitted &= ~bit;
+  data[CAP_SYS_PTRACE / 32].inheritable &= ~bit;
+  if (::syscall(SYS_capset, &header, data) != 0) {
+    std::fprintf(stderr, "SKIP: cannot drop CAP_SYS_PTRACE (%s)\n", std::strerror(errno));
+    ::_exit(kSkip);
+  }
 }
 
 }  // namespace ferry::test
