@@ -250,8 +250,24 @@ TEST_CASE("ferry run checks shared memory first: a /dev/shm too small stops it w
   ferry::test::in_child([&] {
     ferry::test::private_tmpfs(16 << 20);  // a container's small /dev/shm, in this child only
     const Ran r = run(dir, "run --workers 2 --batches 5");
-    if (r.code != 3 || r.err.find("shm_reserve") == std::string::npos ||
+    if (r.code != 3 || r.err.find("ferry: shm_exhausted: ") == std::string::npos ||
+        r.err.find("shm_reserve") == std::string::npos ||
         r.err.find("--shm-size") == std::string::npos) {
+      std::fprintf(stderr, "code %d, stderr:\n%s\n", r.code, r.err.c_str());
+      ::_exit(1);
+    }
+  });
+}
+
+TEST_CASE("ferry run reports a failed shared-memory check by the code of the check that failed") {
+  TempDir dir;
+  ferry::test::in_child([&] {
+    // No such directory: the job cannot make a segment at all, which is not a lack of room.
+    ::setenv("FERRY_SHM_DIR", (dir / "missing").c_str(), 1);
+    const Ran r = run(dir, "run --workers 1 --batches 2");
+    if (r.code != 3 || r.err.find("ferry: shm_failed: ") == std::string::npos ||
+        r.err.find("shm_dir: ") == std::string::npos ||
+        r.err.find(dir / "missing") == std::string::npos) {
       std::fprintf(stderr, "code %d, stderr:\n%s\n", r.code, r.err.c_str());
       ::_exit(1);
     }
