@@ -55,7 +55,7 @@ std::string ms_text(std::chrono::milliseconds ms) {
 // The layout at the start of the segment. Defined outside Channel so namespace-scope helpers can
 // name it; Channel::Header is this type.
 struct RingHeader {
-  std::uint64_t magic;
+  std::atomic<std::uint64_t> magic;  // written last, by a release store: see create()
   std::uint32_t version;
   std::uint32_t capacity;
   std::uint32_t record_size;  // already rounded up to 8
@@ -217,8 +217,7 @@ std::shared_ptr<Channel> Channel::create(const Options& options) {
   if (rc != 0) throw_errno(Errc::system, "pthread_mutex_init for a channel", rc);
 
   // The magic goes in last so attach() never accepts a half-initialised header.
-  std::atomic_thread_fence(std::memory_order_release);
-  h->magic = kMagic;
+  h->magic.store(kMagic, std::memory_order_release);
   return std::shared_ptr<Channel>(new Channel(std::move(segment)));
 }
 
@@ -231,7 +230,7 @@ std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
                                             std::to_string(kHeaderBytes) + " bytes)");
   }
   const auto* h = reinterpret_cast<const Header*>(segment->data());
-  if (h->magic != kMagic) {
+  if (h->magic.load(std::memory_order_acquire) != kMagic) {
     throw Error(Errc::invalid_argument, "the fd is not a ferry channel (bad magic)");
   }
   if (h->version != kVersion) {
