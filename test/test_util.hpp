@@ -28,6 +28,21 @@ namespace ferry::test {
 // Exit code a child uses to say "skipped" (it printed why).
 inline constexpr int kSkip = 77;
 
+// Whether this is a ThreadSanitizer build (`make tsan`). TSan cannot follow a fork from a process
+// with threads whose child starts threads of its own: GCC 12's aborts the child ("dup thread with
+// used id"), later ones stop checking it. Tests that need no fork in particular spawn instead.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderTsan = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kUnderTsan = true;
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+
 // Runs `fn` in a forked child that dies with the test process. The child exits 0 when fn
 // returns, 1 when it throws (printing what), or with the code fn passed to _exit itself.
 inline pid_t fork_child(const std::function<void()>& fn) {

@@ -24,7 +24,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-PoolOptions cpu_pool(int workers, Start start = Start::Fork) {
+// Fork by default, the start a CPU pool picks; spawn under ThreadSanitizer, which cannot follow a
+// multithreaded supervisor's fork (test::kUnderTsan). Tests of a start method name it.
+PoolOptions cpu_pool(int workers, Start start = test::kUnderTsan ? Start::Spawn : Start::Fork) {
   PoolOptions o;
   o.devices.assign(workers, "cpu");
   o.start = start;

@@ -1,5 +1,6 @@
 // `ferry run` as a user runs it: real processes, files written and read back by Python's torch,
-// signals from outside.
+// signals from outside. [fork]: ferry run starts its workers by fork (its default on a CPU), which
+// ThreadSanitizer cannot follow from a process with threads, so `make tsan` leaves these out.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -94,7 +95,7 @@ std::set<std::string> shm_entries() {
   return out;
 }
 
-TEST_CASE("ferry run with no options runs the built-in mlp and prints a summary") {
+TEST_CASE("ferry run with no options runs the built-in mlp and prints a summary", "[fork]") {
   TempDir dir;
   const Ran r = run(dir, "run");
   INFO(r.err);
@@ -127,7 +128,7 @@ TEST_CASE("ferry run --json gives the summary as one document") {
   CHECK(tasks == 30);
 }
 
-TEST_CASE("input and output files round-trip with Python's torch.save and torch.load") {
+TEST_CASE("input and output files round-trip with Python's torch.save and torch.load", "[fork]") {
   if (skip_without_python_torch()) return;
   TempDir dir;
   REQUIRE(python(dir, R"(
@@ -155,7 +156,8 @@ for x, y in zip(xs, ys):
   }
 }
 
-TEST_CASE("ferry run --task torchscript gives what Python gets running the model itself") {
+TEST_CASE("ferry run --task torchscript gives what Python gets running the model itself",
+          "[fork]") {
   if (skip_without_python_torch()) return;
   TempDir dir;
   REQUIRE(python(dir, R"(
@@ -189,7 +191,8 @@ for w, g in zip(want, got):
 )"));
 }
 
-TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no segment left") {
+TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no segment left",
+          "[fork]") {
   for (const int sig : {SIGTERM, SIGINT}) {
     TempDir dir;
     const auto shm_before = shm_entries();
