@@ -7,7 +7,7 @@ CMAKE_ARGS ?=
 # Tests run with one job per core; the kill-loop tests start many processes each.
 CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
 
-.PHONY: all deps configure build run test bench asan install-check clean
+.PHONY: all deps configure build run test bench asan tsan install-check clean
 
 all: build
 
@@ -36,5 +36,15 @@ bench: build
 asan:
 	$(MAKE) test BUILD=build-asan TYPE=Asan
 
+# The whole suite under ThreadSanitizer. Each process writes its reports to build-tsan/tsan/
+# (a child's stderr may be what a test reads); they are printed at the end, and any fails the run.
+tsan:
+	rm -f build-tsan/tsan/report.*
+	@$(MAKE) test BUILD=build-tsan TYPE=Tsan; rc=$$?; \
+	  races=$$(grep -l 'WARNING: ThreadSanitizer' build-tsan/tsan/report.* 2>/dev/null); \
+	  for f in $$races; do echo "== $$f"; cat "$$f"; done; \
+	  if [ -n "$$races" ]; then echo "ThreadSanitizer reports in: $$races"; exit 1; fi; \
+	  exit $$rc
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan

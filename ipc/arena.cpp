@@ -2,8 +2,7 @@
 
 #include <pthread.h>
 
-#include <cstdlib>
-
+#include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
@@ -20,19 +19,6 @@ constexpr std::size_t kLargeBlock = std::size_t{1} << 20;
 
 std::size_t round_up(std::size_t v, std::size_t a) {
   return (v + a - 1) / a * a;
-}
-
-// `name`'s value times `unit`, or `fallback` (already in bytes) when unset.
-std::size_t env_size(const char* name, std::size_t fallback, std::size_t unit) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0' || n == 0) {
-    throw Error(Errc::invalid_argument, std::string(name) + "='" + v +
-                                            "' is not a positive whole number; unset it or fix it");
-  }
-  return static_cast<std::size_t>(n) * unit;
 }
 
 std::mutex g_local_mu;
@@ -53,8 +39,11 @@ Arena& Arena::local() {
 
 Arena::Options Arena::options_from_env() {
   Options o;
-  o.segment_size = env_size("FERRY_ARENA_SEGMENT_MB", o.segment_size, 1 << 20);
-  o.lease_slots = static_cast<std::uint32_t>(env_size("FERRY_LEASE_SLOTS", o.lease_slots, 1));
+  // Under 1 MiB every large block would take a segment of its own.
+  o.segment_size = static_cast<std::size_t>(
+      env::bytes("FERRY_ARENA_SEGMENT_MB", o.segment_size, kLargeBlock, std::uint64_t{1} << 40));
+  o.lease_slots = static_cast<std::uint32_t>(
+      env::integer("FERRY_LEASE_SLOTS", o.lease_slots, 1, std::int64_t{1} << 24));
   return o;
 }
 

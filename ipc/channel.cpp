@@ -17,6 +17,17 @@
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_UNDER_TSAN 1
+#endif
+#endif
+#ifdef FERRY_UNDER_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace ferry {
 namespace {
 
@@ -55,7 +66,7 @@ std::string ms_text(std::chrono::milliseconds ms) {
 // The layout at the start of the segment. Defined outside Channel so namespace-scope helpers can
 // name it; Channel::Header is this type.
 struct RingHeader {
-  std::uint64_t magic;
+  std::atomic<std::uint64_t> magic;  // written last, by a release store: see create()
   std::uint32_t version;
   std::uint32_t capacity;
   std::uint32_t record_size;  // already rounded up to 8
@@ -113,6 +124,35 @@ class Deadline {
   Clock::time_point at_;
 };
 
+// Takes `mutex` unless `slice` passes first (ETIMEDOUT). ThreadSanitizer must see the lock taken
+// to see what it guards, and GCC 12's does not intercept pthread_mutex_clocklock (glibc 2.30),
+// so under TSan the same robust mutex is taken by pthread_mutex_timedlock, which every TSan
+// sees, against the wall clock: a clock step only stretches one slice, the deadline stays the
+// steady clock's. TSan's timedlock records only a plain success, so a lock that comes with
+// EOWNERDEAD (held all the same) is told to it.
+int lock_for(pthread_mutex_t* mutex, std::chrono::nanoseconds slice) {
+#ifdef FERRY_UNDER_TSAN
+  constexpr clockid_t kClock = CLOCK_REALTIME;
+#else
+  constexpr clockid_t kClock = CLOCK_MONOTONIC;
+#endif
+  timespec until{};
+  clock_gettime(kClock, &until);
+  until.tv_nsec += static_cast<long>(slice.count());
+  until.tv_sec += until.tv_nsec / 1'000'000'000;
+  until.tv_nsec %= 1'000'000'000;
+#ifdef FERRY_UNDER_TSAN
+  const int rc = pthread_mutex_timedlock(mutex, &until);
+  if (rc == EOWNERDEAD) {
+    __tsan_mutex_pre_lock(mutex, __tsan_mutex_try_lock);
+    __tsan_mutex_post_lock(mutex, __tsan_mutex_try_lock, 0);
+  }
+  return rc;
+#else
+  return pthread_mutex_clocklock(mutex, kClock, &until);
+#endif
+}
+
 // Holds the ring mutex; a previous owner's death is repaired on the way in, which is sound
 // because an owner that dies before its commit store has changed nothing a reader can see.
 //
@@ -127,13 +167,7 @@ class RingLock {
       : mutex_(mutex) {
     int rc;
     for (;;) {
-      timespec until{};
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_nsec += static_cast<long>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(kWaitSlice).count());
-      until.tv_sec += until.tv_nsec / 1'000'000'000;
-      until.tv_nsec %= 1'000'000'000;
-      rc = pthread_mutex_clocklock(mutex_, CLOCK_MONOTONIC, &until);
+      rc = lock_for(mutex_, kWaitSlice);
       if (rc != ETIMEDOUT) break;
       if (deadline.passed()) {
         throw Error(Errc::timeout, std::string(op) + " timed out after " + ms_text(timeout) +
@@ -217,8 +251,7 @@ std::shared_ptr<Channel> Channel::create(const Options& options) {
   if (rc != 0) throw_errno(Errc::system, "pthread_mutex_init for a channel", rc);
 
   // The magic goes in last so attach() never accepts a half-initialised header.
-  std::atomic_thread_fence(std::memory_order_release);
-  h->magic = kMagic;
+  h->magic.store(kMagic, std::memory_order_release);
   return std::shared_ptr<Channel>(new Channel(std::move(segment)));
 }
 
@@ -231,7 +264,7 @@ std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
                                             std::to_string(kHeaderBytes) + " bytes)");
   }
   const auto* h = reinterpret_cast<const Header*>(segment->data());
-  if (h->magic != kMagic) {
+  if (h->magic.load(std::memory_order_acquire) != kMagic) {
     throw Error(Errc::invalid_argument, "the fd is not a ferry channel (bad magic)");
   }
   if (h->version != kVersion) {

@@ -6,7 +6,8 @@
 
 namespace ferry {
 
-// The process-wide "ferry" logger, created on first use with the level from FERRY_LOG.
+// The process-wide "ferry" logger, created on first use with the level from FERRY_LOG (a value
+// it does not know is a warning, not an error: logging never throws).
 spdlog::logger& log();
 
 }  // namespace ferry

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
@@ -70,8 +71,7 @@ UniqueFd create_nameless(const std::string& dir) {
 }  // namespace
 
 std::string default_shm_dir() {
-  const char* env = std::getenv("FERRY_SHM_DIR");
-  return env && *env ? std::string(env) : std::string("/dev/shm");
+  return env::absolute_path("FERRY_SHM_DIR", "/dev/shm");
 }
 
 std::shared_ptr<Segment> Segment::create(std::size_t size, const std::string& dir) {

@@ -16,7 +16,8 @@
 
 namespace ferry {
 
-// The directory segments are created in: $FERRY_SHM_DIR if set, else /dev/shm.
+// The directory segments are created in: $FERRY_SHM_DIR if set, else /dev/shm. Throws
+// Error(invalid_argument) when FERRY_SHM_DIR is not an absolute path.
 std::string default_shm_dir();
 
 class Segment {

@@ -36,20 +36,16 @@ struct Entry {
   std::set<pid_t> holders;
 };
 
-struct ProcInfo {
-  pid_t pid;
-  uid_t uid;
-};
-
 struct Scan {
   std::string dir;     // as given
   std::string prefix;  // its real path + "/", as /proc shows paths
   dev_t dev = 0;
   std::map<FileKey, Entry> entries;
-  std::vector<ProcInfo> unreadable;
+  std::vector<UnreadableProcess> unreadable;
   std::set<pid_t> ferry_pids;  // processes that map libferry_ipc
   pid_t torch_manager = 0;     // a live torch_shm_manager, which hands out torch_* names
   bool hidepid = false;
+  ReaderRights reader;
 };
 
 struct DirCloser {
@@ -111,6 +107,52 @@ bool proc_hides_others() {
   return hidden;
 }
 
+// What this process may read in /proc: root, and CAP_SYS_PTRACE from the CapEff line of
+// /proc/self/status (no libcap needed).
+ReaderRights reader_rights() {
+  ReaderRights r;
+  r.root = ::geteuid() == 0;
+  constexpr int kCapSysPtrace = 19;
+  if (FILE* f = std::fopen("/proc/self/status", "re")) {
+    char line[256];
+    unsigned long long caps = 0;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "CapEff: %llx", &caps) == 1) {
+        r.cap_sys_ptrace = (caps >> kCapSysPtrace) & 1;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  return r;
+}
+
+// "comm: cmdline" of `proc`, the command line shortened; comm and cmdline stay readable when fd
+// and maps are not.
+std::string command_of(const std::string& proc) {
+  std::string comm, cmdline;
+  if (FILE* f = std::fopen((proc + "/comm").c_str(), "re")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) comm = buf;
+    std::fclose(f);
+  }
+  while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  if (FILE* f = std::fopen((proc + "/cmdline").c_str(), "re")) {
+    char buf[256];
+    const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+    std::fclose(f);
+    cmdline.assign(buf, n);
+    while (!cmdline.empty() && cmdline.back() == '\0') cmdline.pop_back();
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    constexpr std::size_t kShown = 60;
+    if (cmdline.size() > kShown) cmdline = cmdline.substr(0, kShown) + "...";
+  }
+  if (comm.empty() || cmdline.empty()) return comm + cmdline;
+  return comm + ": " + cmdline;
+}
+
 void fill_from_stat(ShmSegment& seg, const struct stat& st) {
   seg.size = static_cast<std::uint64_t>(st.st_size);
   seg.allocated = static_cast<std::uint64_t>(st.st_blocks) * 512;
@@ -162,6 +204,9 @@ bool scan_fds(Scan& scan, pid_t pid, const std::string& proc) {
     const std::string link = proc + "/fd/" + de->d_name;
     char target[4096];
     const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    // The directory of a process that is not dumpable lists its fds to root, but each link is
+    // refused: that is not reading them.
+    if (n < 0 && (errno == EACCES || errno == EPERM)) return false;
     if (n <= 0) continue;
     target[n] = '\0';
     if (!starts_with(target, scan.prefix)) continue;
@@ -230,17 +275,8 @@ void scan_processes(Scan& scan) {
     }
     const bool fds_ok = scan_fds(scan, pid, proc);
     const bool maps_ok = scan_maps(scan, pid, proc);
-    if (!fds_ok || !maps_ok) scan.unreadable.push_back({pid, st.st_uid});
+    if (!fds_ok || !maps_ok) scan.unreadable.push_back({pid, st.st_uid, command_of(proc)});
   }
-}
-
-std::string pid_list(const std::vector<pid_t>& pids, std::size_t max = 5) {
-  std::string out;
-  for (std::size_t i = 0; i < pids.size() && i < max; ++i) {
-    out += (i ? ", " : "") + std::to_string(pids[i]);
-  }
-  if (pids.size() > max) out += ", ...";
-  return out;
 }
 
 void classify(const Scan& scan, Entry& e) {
@@ -251,61 +287,24 @@ void classify(const Scan& scan, Entry& e) {
                   [&](pid_t p) { return scan.ferry_pids.count(p) != 0; })) {
     s.kind = "ferry";  // an O_TMPFILE segment of a process running ferry
   }
-  if (!s.holders.empty()) {
-    s.state = SegmentState::live;
-    s.reason = "held or mapped by pid " + pid_list(s.holders);
-    return;
-  }
-  // Only a named file can get here: the others were found through a holder.
-  if (s.name_pid > 0 && creator_alive(s.name_pid)) {
-    s.state = SegmentState::live;
-    s.reason = "its creator, pid " + std::to_string(s.name_pid) + ", is alive";
-    return;
-  }
-  s.state = SegmentState::unknown;
-  if (s.name_pid == 0) {
-    s.reason = "no pid in its name, and no process holds or maps it";
-    return;
-  }
-  if (s.kind == "torch" && scan.torch_manager != 0) {
-    s.reason = "torch_shm_manager (pid " + std::to_string(scan.torch_manager) +
-               ") is running and may still hand it out";
-    return;
-  }
-  if (scan.hidepid) {
-    s.reason = "/proc hides other users' processes (hidepid): run as root to decide";
-    return;
-  }
-  // A process could hold it only if it could have opened it: same owner, or a mode that lets
-  // others in. Root processes of other users are not counted: ferry and PyTorch pass segment fds
-  // only between processes of one user.
-  std::vector<pid_t> blind;
-  for (const ProcInfo& p : scan.unreadable) {
-    if (p.uid == s.uid || (e.mode & 0066) != 0) blind.push_back(p.pid);
-  }
-  if (!blind.empty()) {
-    s.reason = "pid " + std::to_string(s.name_pid) + " exited, but the fds or maps of " +
-               std::to_string(blind.size()) + " process(es) could not be read (pid " +
-               pid_list(blind) + "): run as root or as their owner to decide";
-    return;
-  }
-  s.state = SegmentState::orphaned;
-  s.reason = "pid " + std::to_string(s.name_pid) + " exited and no process holds or maps it";
+  SegmentFacts f;
+  f.uid = s.uid;
+  f.mode = e.mode;
+  f.name_pid = s.name_pid;
+  f.name_pid_alive = s.holders.empty() && s.name_pid > 0 && creator_alive(s.name_pid);
+  f.holders = s.holders;
+  f.torch = s.kind == "torch";
+  f.torch_manager = scan.torch_manager;
+  f.hidepid = scan.hidepid;
+  f.unreadable = scan.unreadable;
+  f.reader = scan.reader;
+  SegmentVerdict v = judge_segment(f);
+  s.state = v.state;
+  s.reason = std::move(v.reason);
+  s.force_removable = v.force_removable;
 }
 
 }  // namespace
-
-const char* segment_state_name(SegmentState s) noexcept {
-  switch (s) {
-    case SegmentState::live:
-      return "live";
-    case SegmentState::orphaned:
-      return "orphaned";
-    case SegmentState::unknown:
-      return "unknown";
-  }
-  return "unknown";
-}
 
 ShmCensus take_shm_census(const std::string& dir) {
   Scan scan;
@@ -319,6 +318,7 @@ ShmCensus take_shm_census(const std::string& dir) {
   scan.prefix = std::string(::realpath(scan.dir.c_str(), real) ? real : scan.dir.c_str());
   if (scan.prefix.empty() || scan.prefix.back() != '/') scan.prefix += '/';
   scan.hidepid = proc_hides_others();
+  scan.reader = reader_rights();
 
   scan_directory(scan);
   scan_processes(scan);
@@ -331,7 +331,10 @@ ShmCensus take_shm_census(const std::string& dir) {
             [](const ShmSegment& a, const ShmSegment& b) {
               return std::make_pair(!a.named, a.name) < std::make_pair(!b.named, b.name);
             });
-  for (const ProcInfo& p : scan.unreadable) census.unreadable.push_back(p.pid);
+  for (const UnreadableProcess& p : scan.unreadable) census.unreadable.push_back(p.pid);
+  if (!scan.unreadable.empty()) {
+    census.unreadable_reason = unreadable_reason(scan.unreadable, scan.reader);
+  }
   census.hidepid = scan.hidepid;
   return census;
 }
@@ -346,7 +349,12 @@ ShmCleanResult clean_shm(const ShmCleanOptions& options) {
     return result;
   }
   for (const ShmSegment& s : census.segments) {
-    if (s.state != SegmentState::orphaned || !s.named) continue;
+    if (!s.named) continue;
+    const bool wanted = s.state == SegmentState::orphaned || (options.force && s.force_removable);
+    if (!wanted) {
+      if (s.state == SegmentState::unknown && s.kind != "other") result.kept.push_back(s);
+      continue;
+    }
     if (options.older_than.count() > 0 && now - s.mtime < options.older_than.count()) continue;
     // The census took a while on a busy machine: the name must still be the same file, and its
     // creator still gone (a pid reused meanwhile makes it live again).
@@ -382,7 +390,8 @@ std::string to_json(const ShmCensus& census, bool include_other, int indent) {
                         {"name_pid", s.name_pid ? nlohmann::json(s.name_pid) : nlohmann::json()},
                         {"holders", s.holders},
                         {"state", segment_state_name(s.state)},
-                        {"reason", s.reason}});
+                        {"reason", s.reason},
+                        {"force_removable", s.force_removable}});
     allocated += s.allocated;
     if (s.state == SegmentState::orphaned) {
       ++orphaned;
@@ -393,6 +402,7 @@ std::string to_json(const ShmCensus& census, bool include_other, int indent) {
                         {"dir", census.dir},
                         {"hidepid", census.hidepid},
                         {"unreadable_pids", census.unreadable},
+                        {"unreadable_reason", census.unreadable_reason},
                         {"segments", segments},
                         {"totals",
                          {{"segments", segments.size()},

@@ -7,7 +7,8 @@
 // the links in /proc/<pid>/fd and the files in /proc/<pid>/maps. A named segment is orphaned only
 // when that can be proven: the pid in its name has exited, and no live process holds or maps it
 // among all the processes that could have it open. When some of those cannot be inspected
-// (another user's processes, /proc mounted with hidepid) it is "unknown", never guessed.
+// (another user's processes, a process that is not dumpable, /proc mounted with hidepid) it is
+// "unknown", never guessed; the decision is ipc/shm_verdict.hpp's.
 #pragma once
 
 #include <sys/types.h>
@@ -17,16 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "ipc/shm_verdict.hpp"
+
 namespace ferry {
-
-enum class SegmentState : std::uint8_t {
-  live,      // a live process holds or maps it, or the pid in its name is alive
-  orphaned,  // the pid in its name exited and no process holds or maps it: safe to remove
-  unknown,   // neither could be proven; the reason says what could not be read
-};
-
-// "live", "orphaned" or "unknown".
-const char* segment_state_name(SegmentState s) noexcept;
 
 struct ShmSegment {
   std::string name;             // as in the directory; a nameless one as /proc shows it, e.g. "#41"
@@ -40,7 +34,8 @@ struct ShmSegment {
   pid_t name_pid = 0;          // the pid written in the name, 0 when there is none
   std::vector<pid_t> holders;  // live processes that hold it open or map it
   SegmentState state = SegmentState::unknown;
-  std::string reason;  // why that state, in words
+  std::string reason;            // why that state, in words
+  bool force_removable = false;  // unknown, but clean with force removes it (shm_verdict.hpp)
 };
 
 struct ShmCensus {
@@ -48,7 +43,8 @@ struct ShmCensus {
   std::vector<ShmSegment> segments;  // named ones first, each group by name
   // Processes whose fds or maps could not be read, so whatever they hold is not seen.
   std::vector<pid_t> unreadable;
-  bool hidepid = false;  // /proc hides other users' processes from us
+  std::string unreadable_reason;  // why they could not be read, naming them; empty when none
+  bool hidepid = false;           // /proc hides other users' processes from us
 };
 
 // Lists the segments in `dir` (empty: default_shm_dir()) and those of it that live processes
@@ -59,16 +55,21 @@ struct ShmCleanOptions {
   std::string dir;                     // empty: default_shm_dir()
   std::chrono::seconds older_than{0};  // only segments not modified for this long
   bool dry_run = false;                // report what would go, remove nothing
+  // Also remove unknown segments whose named creator is dead and that no process seen holds:
+  // unknown only because some process could not be inspected (see shm_verdict.hpp).
+  bool force = false;
 };
 
 struct ShmCleanResult {
   std::vector<ShmSegment> removed;  // (or that would be, on a dry run)
   std::uint64_t bytes_freed = 0;    // their allocated bytes
   std::vector<std::string> errors;  // segments that could not be removed, and why
+  std::vector<ShmSegment> kept;     // ferry's and torch's named segments left as unknown
 };
 
-// Removes the orphaned segments of a fresh census, re-checking each just before unlinking it;
-// never a live or unknown one. Never throws for one segment's failure (see errors).
+// Removes the orphaned segments of a fresh census (with force, the force-removable unknown ones
+// too), re-checking each just before unlinking it; never a live one. Never throws for one
+// segment's failure (see errors).
 ShmCleanResult clean_shm(const ShmCleanOptions& options = {});
 
 // The census as one JSON document (schema in docs/ferry-shm.md). `include_other`: also list

@@ -549,6 +549,14 @@ const char* verdict_name(Verdict v) noexcept {
   return "fail";
 }
 
+Errc failure_code(const std::string& check) noexcept {
+  if (check == "shm_dir") return Errc::shm_failed;
+  if (check == "shm_reserve" || check == "memory_cgroup" || check == "sysv_shm") {
+    return Errc::shm_exhausted;
+  }
+  return Errc::system;
+}
+
 const MeasuredValue* CheckItem::value(const std::string& key) const noexcept {
   for (const auto& m : values) {
     if (m.key == key) return &m.value;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ipc/cuda/devices.hpp"
+#include "ipc/error.hpp"
 
 namespace ferry {
 
@@ -39,6 +40,13 @@ struct CheckItem {
   // The value under `key`, or nullptr.
   const MeasuredValue* value(const std::string& key) const noexcept;
 };
+
+// The Errc that reports a failure of the check named `check` (a CheckItem's name), for a caller
+// that turns a failed report into an Error: shm_dir -> shm_failed (no usable directory);
+// shm_reserve, memory_cgroup, sysv_shm -> shm_exhausted (no room for the job's shared memory);
+// open_files, memlock, cuda, and a name it does not know -> system (a limit or a device the job's
+// system calls would run into).
+Errc failure_code(const std::string& check) noexcept;
 
 struct ShmCheckOptions {
   std::string dir;               // empty: default_shm_dir()

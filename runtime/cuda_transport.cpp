@@ -23,6 +23,7 @@
 #include "ipc/cuda/import_cache.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/cuda/send_policy.hpp"
+#include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/peer_segments.hpp"
@@ -55,18 +56,9 @@ void stop_threads_at_exit() {
   if (registered.exchange(me) != me) std::atexit([] { g_exiting = true; });
 }
 
-// A numeric environment setting from `least` to 2^24, or `fallback` when unset.
-std::uint32_t env_count(const char* name, std::uint32_t fallback, std::uint32_t least = 1) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const unsigned long n = std::strtoul(v, &end, 10);
-  if (*end != '\0' || n < least || n > (1u << 24)) {
-    throw Error(Errc::invalid_argument, std::string(name) + "=" + v + " is not a number from " +
-                                            std::to_string(least) +
-                                            " to 16777216; unset it or fix it");
-  }
-  return static_cast<std::uint32_t>(n);
+// A count setting from 1 to 2^24 (what the old reader allowed), or `fallback` when unset.
+std::uint32_t env_count(const char* name, std::uint32_t fallback) {
+  return static_cast<std::uint32_t>(env::integer(name, fallback, 1, std::int64_t{1} << 24));
 }
 
 // A failed CUDA call as an error at the API edge: what ferry was doing, what CUDA said, and the
@@ -188,7 +180,9 @@ class Importer {
   std::map<EventKey, OpenedEvent> events;
   bool closer_running = false;
   // How long a mapping with no views stays open for the next tensor of its allocation.
-  const std::chrono::milliseconds linger{env_count("FERRY_CUDA_LINGER_MS", 250, 0)};
+  const std::chrono::milliseconds linger{
+      env::millis("FERRY_CUDA_LINGER_MS", std::chrono::milliseconds(250),
+                  std::chrono::milliseconds(0), std::chrono::hours(1))};
 
   void start_closer_locked() {
     if (closer_running) return;
@@ -271,16 +265,25 @@ class Importer {
   }
 };
 
+// One per process: a forked child gets a fresh one (the parent's mutex may have been held).
+std::mutex g_importer_mu;
+Importer* g_importer = nullptr;
+pid_t g_importer_pid = 0;
+
 Importer& importer() {
-  static std::mutex mu;
-  static Importer* s = nullptr;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (s == nullptr || owner != current_pid()) {
-    s = new Importer;  // never freed: the detached closer thread uses it until exit
-    owner = current_pid();
+  std::lock_guard<std::mutex> lock(g_importer_mu);
+  if (g_importer == nullptr || g_importer_pid != current_pid()) {
+    g_importer = new Importer;  // never freed: the detached closer thread uses it until exit
+    g_importer_pid = current_pid();
   }
-  return *s;
+  return *g_importer;
+}
+
+// This process's importer, or nullptr when it has not received a CUDA tensor: then there is
+// nothing to tell it, and making one (which reads FERRY_CUDA_LINGER_MS) could throw.
+Importer* existing_importer() {
+  std::lock_guard<std::mutex> lock(g_importer_mu);
+  return g_importer_pid == current_pid() ? g_importer : nullptr;
 }
 
 // What a received CUDA tensor's storage holds.
@@ -724,7 +727,9 @@ bool source_alive(const at::Tensor& t) {
 }
 
 void detail::cuda_peer_exited(pid_t pid) {
-  detail::Importer& im = detail::importer();
+  detail::Importer* existing = detail::existing_importer();
+  if (existing == nullptr) return;
+  detail::Importer& im = *existing;
   std::lock_guard<std::mutex> lock(im.mu);
   for (const auto& owner : im.cache.owners()) {
     if (owner.pid == pid && !process_alive(pid)) im.owner_exited_locked(owner);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ipc/arena.hpp"
+#include "ipc/env.hpp"
 #include "ipc/log.hpp"
 #include "ipc/peer_segments.hpp"
 #include "ipc/process.hpp"
@@ -25,12 +26,14 @@ namespace {
 
 constexpr auto kFetchTimeout = std::chrono::seconds(5);
 
-// At a normal exit, a process that sent tensors waits (FERRY_EXIT_LINGER_MS, default 2000) until
+// At a normal exit, a process that sent tensors waits (FERRY_EXIT_LINGER_MS, default 2 s) until
 // receivers have claimed its in-flight messages: once it is gone its memory cannot be fetched.
+// The variable is read at the first send, where a bad value is that send's Error; a throw from
+// the atexit handler would end the process in std::terminate.
+std::atomic<std::int64_t> g_exit_linger_ms{2000};
+
 void linger_at_exit() {
-  const char* env = std::getenv("FERRY_EXIT_LINGER_MS");
-  const std::size_t waiting =
-      flush(std::chrono::milliseconds(env && *env ? std::atoll(env) : 2000));
+  const std::size_t waiting = flush(std::chrono::milliseconds(g_exit_linger_ms.load()));
   if (waiting > 0) {
     log().warn(
         "exiting with {} sent tensor(s) never received; their receivers will get "
@@ -42,6 +45,11 @@ void linger_at_exit() {
 void register_linger_once() {
   static std::atomic<pid_t> registered{0};
   const pid_t me = current_pid();
+  if (registered.load() == me) return;
+  using std::chrono::milliseconds;
+  g_exit_linger_ms = env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),
+                                 std::chrono::hours(1))
+                         .count();
   if (registered.exchange(me) != me) std::atexit(linger_at_exit);
 }
 constexpr std::int64_t kDeadCheckNs = 100'000'000;  // how often a sender looks for dead holders

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "ipc/cuda/fork_safety.hpp"
+#include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
@@ -151,7 +152,7 @@ LaunchedWorker launch_worker(Start how, int control, const std::string& executab
 
 std::string find_worker_executable(const std::string& requested) {
   if (!requested.empty()) return requested;
-  if (const char* env = std::getenv("FERRY_WORKER"); env && *env) return env;
+  if (std::string env = env::text("FERRY_WORKER", ""); !env.empty()) return env;
   std::vector<std::string> tried;
   {
     std::lock_guard<std::mutex> lock(g_dir_mu);

@@ -1,11 +1,13 @@
 // Helpers for tests that cross real process boundaries.
 #pragma once
 
+#include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +27,21 @@ namespace ferry::test {
 
 // Exit code a child uses to say "skipped" (it printed why).
 inline constexpr int kSkip = 77;
+
+// Whether this is a ThreadSanitizer build (`make tsan`). TSan cannot follow a fork from a process
+// with threads whose child starts threads of its own: GCC 12's aborts the child ("dup thread with
+// used id"), later ones stop checking it. Tests that need no fork in particular spawn instead.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderTsan = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kUnderTsan = true;
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
 
 // Runs `fn` in a forked child that dies with the test process. The child exits 0 when fn
 // returns, 1 when it throws (printing what), or with the code fn passed to _exit itself.
@@ -133,6 +150,32 @@ namespace ferry::test {
   int status = 0;
   if (init < 0 || ::waitpid(init, &status, 0) != init) ::_exit(4);
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+}  // namespace ferry::test
+
+namespace ferry::test {
+
+// In a (single-threaded) child: takes CAP_SYS_PTRACE from this process and from everything it
+// starts or executes (bounding, permitted and effective sets), as container runtimes do. Root
+// then cannot read the /proc/<pid>/fd or maps of a process that is not dumpable. Exits the child
+// with kSkip when the capability cannot be dropped.
+inline void drop_cap_sys_ptrace() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  const unsigned bit = 1u << (CAP_SYS_PTRACE % 32);
+  if (::prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0 ||
+      ::syscall(SYS_capget, &header, data) != 0) {
+    std::fprintf(stderr, "SKIP: cannot drop CAP_SYS_PTRACE (%s)\n", std::strerror(errno));
+    ::_exit(kSkip);
+  }
+  data[CAP_SYS_PTRACE / 32].effective &= ~bit;
+  data[CAP_SYS_PTRACE / 32].permitted &= ~bit;
+  data[CAP_SYS_PTRACE / 32].inheritable &= ~bit;
+  if (::syscall(SYS_capset, &header, data) != 0) {
+    std::fprintf(stderr, "SKIP: cannot drop CAP_SYS_PTRACE (%s)\n", std::strerror(errno));
+    ::_exit(kSkip);
+  }
 }
 
 }  // namespace ferry::test

@@ -173,20 +173,21 @@ void check_shared_memory(unsigned workers) {
   options.workers = workers;
   const ferry::ShmReport report = ferry::check_shm(options);
   std::string failures;
+  std::optional<ferry::Errc> code;  // the first failed check's, in the report's order
   for (const auto& item : report.items) {
     if (item.verdict == ferry::Verdict::ok) continue;
     const std::string line =
         item.name + ": " + item.summary + (item.remedy.empty() ? "" : "; " + item.remedy);
     if (item.verdict == ferry::Verdict::fail) {
       failures += "\n  " + line;
+      if (!code) code = ferry::failure_code(item.name);
     } else {
       ferry::log().info("shared-memory check: {}", line);
     }
   }
-  if (!failures.empty()) {
-    throw ferry::Error(
-        ferry::Errc::shm_exhausted,
-        "shared memory will not hold this job (ferry-shm check tells more):" + failures);
+  if (code) {
+    throw ferry::Error(*code,
+                       "the shared-memory checks failed (ferry-shm check tells more):" + failures);
   }
 }
 

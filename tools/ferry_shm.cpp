@@ -2,7 +2,7 @@
 //
 //   ferry-shm [check] [--need SIZE] [--workers N] [--json]   exit 0 ok, 1 warning, 2 failure
 //   ferry-shm ls [--json] [--all]
-//   ferry-shm clean [--dry-run] [--older-than DURATION]
+//   ferry-shm clean [--dry-run] [--force] [--older-than DURATION]
 //
 // The checks and the census are library code (ipc/shm_check.hpp, ipc/shm_census.hpp) so the
 // supervisor runs the same at start-up; this file only parses options and prints.
@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "ipc/error.hpp"
-#include "ipc/segment.hpp"
 #include "ipc/shm_census.hpp"
 #include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
@@ -177,10 +176,8 @@ int run_ls(const std::string& dir, bool json, bool all, const Style& style) {
     std::printf("\n");
   }
   if (!c.unreadable.empty()) {
-    std::printf(
-        "note: the fds or maps of %zu process(es) could not be read (not root?); what they "
-        "might hold is shown as unknown\n",
-        c.unreadable.size());
+    std::printf("note: %s; what they might hold is shown as unknown\n",
+                c.unreadable_reason.c_str());
   }
   return 0;
 }
@@ -189,12 +186,26 @@ int run_clean(const ferry::ShmCleanOptions& opt) {
   const ferry::ShmCleanResult r = ferry::clean_shm(opt);
   const char* verb = opt.dry_run ? "would remove" : "removed";
   for (const auto& s : r.removed) {
-    std::printf("%s %s (%s, %s)\n", verb, s.name.c_str(), ferry::format_bytes(s.allocated).c_str(),
+    std::printf("%s %s (%s, %s%s)\n", verb, s.name.c_str(),
+                ferry::format_bytes(s.allocated).c_str(), s.force_removable ? "forced: " : "",
                 s.reason.c_str());
   }
   for (const auto& e : r.errors) std::fprintf(stderr, "ferry-shm: cannot remove %s\n", e.c_str());
-  std::printf("%s %s in %zu orphaned segment(s)\n", opt.dry_run ? "would free" : "freed",
-              ferry::format_bytes(r.bytes_freed).c_str(), r.removed.size());
+  std::size_t forcible = 0;
+  for (const auto& s : r.kept) {
+    std::printf("kept %s (%s, unknown: %s)\n", s.name.c_str(),
+                ferry::format_bytes(s.allocated).c_str(), s.reason.c_str());
+    forcible += s.force_removable ? 1 : 0;
+  }
+  std::printf("%s %s in %zu %s segment(s)\n", opt.dry_run ? "would free" : "freed",
+              ferry::format_bytes(r.bytes_freed).c_str(), r.removed.size(),
+              opt.force ? "orphaned or forced" : "orphaned");
+  if (forcible > 0) {
+    std::printf(
+        "%zu kept segment(s) have a dead creator: clean --force removes them (safe for "
+        "every process that already holds them; see docs/ferry-shm.md)\n",
+        forcible);
+  }
   return r.errors.empty() ? 0 : 2;
 }
 
@@ -203,10 +214,11 @@ int run_clean(const ferry::ShmCleanOptions& opt) {
 int main(int argc, char** argv) {
   CLI::App app{"ferry-shm: diagnose shared-memory limits, find and clean leftover segments"};
   app.require_subcommand(0, 1);
-  std::string dir = ferry::default_shm_dir();
+  std::string dir;  // empty: $FERRY_SHM_DIR or /dev/shm, read inside the try below
   std::string need_text;
   unsigned workers = 0;
   bool json = false, all = false, dry_run = false, no_reserve = false, no_cuda = false;
+  bool force = false;
   std::string older_text;
 
   // `check` is the default, so its options are accepted without the word too.
@@ -231,6 +243,9 @@ int main(int argc, char** argv) {
   CLI::App* clean = app.add_subcommand("clean", "remove orphaned segments (owner provably dead)");
   clean->add_option("--dir", dir, "shm directory (default: $FERRY_SHM_DIR or /dev/shm)");
   clean->add_flag("--dry-run", dry_run, "say what would be removed, remove nothing");
+  clean->add_flag("--force", force,
+                  "also remove unknown segments whose named creator is dead, when only other "
+                  "processes' unreadable fds or maps kept them unknown");
   clean->add_option("--older-than", older_text,
                     "only segments not modified for this long: 30s, 10m, 2h, 1d");
 
@@ -248,6 +263,7 @@ int main(int argc, char** argv) {
       ferry::ShmCleanOptions opt;
       opt.dir = dir;
       opt.dry_run = dry_run;
+      opt.force = force;
       if (!older_text.empty()) opt.older_than = ferry::parse_duration(older_text);
       return run_clean(opt);
     }

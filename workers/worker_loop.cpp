@@ -17,6 +17,7 @@
 
 #include "ipc/control_socket.hpp"
 #include "ipc/cuda/fork_safety.hpp"
+#include "ipc/env.hpp"
 #include "ipc/log.hpp"
 #include "runtime/cuda_transport.hpp"
 #include "runtime/shared_tensor.hpp"
@@ -34,8 +35,8 @@ constexpr auto kPoll = std::chrono::milliseconds(200);  // how often an idle wor
 // The protocol version this worker speaks; FERRY_TEST_WORKER_PROTOCOL pretends another, so the
 // mismatch path can be tested (a hook for the state only: the check itself is the real one).
 int my_protocol_version() {
-  const char* v = std::getenv("FERRY_TEST_WORKER_PROTOCOL");
-  return v && *v ? std::atoi(v) : protocol::kVersion;
+  return static_cast<int>(
+      env::integer("FERRY_TEST_WORKER_PROTOCOL", protocol::kVersion, 0, 1 << 30));
 }
 
 // Why this worker cannot compute on `device`, or "" when it can.

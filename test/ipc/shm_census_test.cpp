@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -238,6 +239,63 @@ TEST_CASE("what cannot be inspected is unknown, never orphaned", "[shm][census]"
       expect(code == 0, "the unprivileged census failed");
       expect(present(orphan), "the unknown segment was removed");
       expect_state(ferry::take_shm_census("/dev/shm"), orphan, SegmentState::orphaned);
+    });
+  });
+}
+
+TEST_CASE("a process root may not read: the real reason, and force removes dead owners' only",
+          "[shm][census]") {
+  ferry::test::in_child([] {
+    ferry::test::run_in_private_container(32 << 20, [] {
+      // As in a docker container: root, but no process has CAP_SYS_PTRACE.
+      ferry::test::drop_cap_sys_ptrace();
+      const Planted p = plant_mix();
+      const pid_t undumpable = holder([] {
+        ::prctl(PR_SET_NAME, "undumpable");
+        ::prctl(PR_SET_DUMPABLE, 0);
+      });
+      const std::string who = "pid " + std::to_string(undumpable) + " (undumpable";
+
+      const ferry::ShmCensus c = ferry::take_shm_census("/dev/shm");
+      expect(c.unreadable == std::vector<pid_t>{undumpable}, "only the undumpable one is unread");
+      for (const std::string& needle :
+           {who, std::string("even as root"), std::string("not dumpable"),
+            std::string("CAP_SYS_PTRACE")}) {
+        expect(c.unreadable_reason.find(needle) != std::string::npos,
+               "the census's reason lacks '" + needle + "': " + c.unreadable_reason);
+      }
+      expect(c.unreadable_reason.find("run as root") == std::string::npos,
+             "root is told to run as root: " + c.unreadable_reason);
+      for (const auto& name : {p.orphan_ferry, p.orphan_torch}) {
+        expect_state(c, name, SegmentState::unknown);
+        const ShmSegment& s = find(c, name);
+        expect(s.force_removable && s.reason.find(who) != std::string::npos &&
+                   s.reason.find("clean --force") != std::string::npos,
+               name + ": " + s.reason);
+      }
+      for (const auto& name : {p.torch_alive, p.held, p.mapped}) {
+        expect_state(c, name, SegmentState::live);
+        expect(!find(c, name).force_removable, name + " is force-removable");
+      }
+
+      ferry::ShmCleanResult r = ferry::clean_shm({});
+      expect(r.removed.empty() && r.kept.size() == 2, "clean without force removed something");
+      expect(present(p.orphan_ferry) && present(p.orphan_torch), "an unknown segment went");
+
+      ferry::ShmCleanOptions force;
+      force.force = true;
+      r = ferry::clean_shm(force);
+      std::vector<std::string> removed;
+      for (const auto& s : r.removed) removed.push_back(s.name);
+      std::sort(removed.begin(), removed.end());
+      std::vector<std::string> orphans = {p.orphan_ferry, p.orphan_torch};
+      std::sort(orphans.begin(), orphans.end());
+      expect(removed == orphans && r.errors.empty() && r.kept.empty(),
+             "force removed other than the two dead creators' segments");
+      for (const auto& name : {p.torch_alive, p.held, p.mapped}) {
+        expect(present(name), "force removed live " + name);
+      }
+      expect(::kill(undumpable, 0) == 0, "the unreadable process was disturbed");
     });
   });
 }

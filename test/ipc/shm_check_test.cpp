@@ -334,3 +334,26 @@ TEST_CASE("the check's JSON follows its documented schema", "[shm][check]") {
     expect(plain.at("cuda").is_null(), "cuda must be null when not probed");
   });
 }
+
+TEST_CASE("a failed check is reported by the error code of what failed", "[shm][check]") {
+  using ferry::Errc;
+  using ferry::failure_code;
+  CHECK(failure_code("shm_dir") == Errc::shm_failed);  // no usable directory: not a lack of room
+  CHECK(failure_code("shm_reserve") == Errc::shm_exhausted);
+  CHECK(failure_code("memory_cgroup") == Errc::shm_exhausted);  // tmpfs pages count against it
+  CHECK(failure_code("sysv_shm") == Errc::shm_exhausted);
+  CHECK(failure_code("open_files") == Errc::system);  // the job's open() would fail: EMFILE
+  CHECK(failure_code("memlock") == Errc::system);
+  CHECK(failure_code("cuda") == Errc::system);
+  CHECK(failure_code("a_check_added_later") == Errc::system);
+  // Every check a report can carry has its code; none falls to the default by a typo.
+  ferry::ShmCheckOptions o;
+  o.workers = 1;
+  o.need_bytes = 1 << 20;
+  o.reserve = false;
+  for (const auto& i : ferry::check_shm(o).items) {
+    INFO(i.name);
+    CHECK((i.name == "open_files" || i.name == "memlock" || i.name == "cuda" ||
+           failure_code(i.name) != Errc::system));
+  }
+}

@@ -8,6 +8,7 @@
 #include <torch/version.h>
 
 #include "../test_util.hpp"
+#include "ipc/env.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 
@@ -334,6 +335,39 @@ TEST_CASE("a sender that exits right after sending still delivers", "[queue]") {
   REQUIRE(m[1].eq(3).all().item<bool>());
 }
 
+TEST_CASE("FERRY_EXIT_LINGER_MS: a bad value is the first send's error, a unit is read as such",
+          "[queue][env]") {
+  auto q = TensorQueue::create({4});
+  const pid_t child = ferry::test::fork_child([&] {
+    // Once this meant an exit that waits forever; now the send says so and sends nothing.
+    ::setenv("FERRY_EXIT_LINGER_MS", "-5", 1);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        q.send({at::ones({2})}, 5s);
+        ::_exit(10);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (e.code() != Errc::invalid_argument ||
+            what.find("FERRY_EXIT_LINGER_MS='-5'") == std::string::npos ||
+            what.find("from 0 ms to 1 h") == std::string::npos) {
+          std::fprintf(stderr, "wrong error: %s\n", what.c_str());
+          ::_exit(11);
+        }
+      }
+    }
+    // "10s" is ten seconds (it once was 10 ms): the exit below waits for the receiver, which
+    // takes its time.
+    ::setenv("FERRY_EXIT_LINGER_MS", "10s", 1);
+    q.send({ferry::empty_shared({100}, at::kFloat).fill_(5)}, 5s);
+    std::exit(0);
+  });
+  std::this_thread::sleep_for(500ms);
+  Tensors m = q.recv(30s);
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(m.size() == 1);
+  REQUIRE(m[0].eq(5).all().item<bool>());
+}
+
 TEST_CASE("tensors of 1 GiB and more cross zero-copy", "[queue][large]") {
   struct statvfs vfs {};
   const bool room = ::statvfs("/dev/shm", &vfs) == 0 &&
@@ -362,10 +396,10 @@ TEST_CASE("tensors of 1 GiB and more cross zero-copy", "[queue][large]") {
 
 // Run only when the test below re-executes this binary: the exec'd half of a spawned peer.
 TEST_CASE("exec'd peer: attach by inherited fd and echo", "[.exec_peer]") {
-  const char* fd = std::getenv("FERRY_TEST_QUEUE_FDS");
-  if (!fd) return;
+  const std::string fds = ferry::env::text("FERRY_TEST_QUEUE_FDS", "");
+  if (fds.empty()) return;
   int in_fd = -1, out_fd = -1;
-  REQUIRE(std::sscanf(fd, "%d,%d", &in_fd, &out_fd) == 2);
+  REQUIRE(std::sscanf(fds.c_str(), "%d,%d", &in_fd, &out_fd) == 2);
   auto in = TensorQueue::attach(in_fd);
   auto out = TensorQueue::attach(out_fd);
   Tensors m = in.recv(30s);

@@ -2,6 +2,7 @@
 // clean keeping what is live. Conditions are real: a private small tmpfs, a lowered fd limit,
 // planted segments whose owner is dead.
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -139,6 +140,27 @@ TEST_CASE("ferry-shm refuses bad input with the value and the accepted forms, ex
   CHECK_THAT(r.out, Catch::Contains("check") && Catch::Contains("clean"));
 }
 
+TEST_CASE("a bad FERRY_* variable is refused by name and value, exit 2", "[tools][ferry-shm]") {
+  ::setenv("FERRY_SHM_DIR", "shm", 1);  // relative: another place in each working directory
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"ls"}, {"clean", "--dry-run"}, {"check", "--no-cuda"}}) {
+    const Run r = ferry_shm(args);
+    INFO(args[0] << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("ferry-shm: FERRY_SHM_DIR='shm' is not accepted") &&
+                          Catch::Contains("an absolute path"));
+  }
+  ::unsetenv("FERRY_SHM_DIR");
+  ::setenv("FERRY_ARENA_SEGMENT_MB", "2s", 1);
+  const Run r = ferry_shm({"check", "--no-cuda", "--no-reserve"});
+  ::unsetenv("FERRY_ARENA_SEGMENT_MB");
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("FERRY_ARENA_SEGMENT_MB='2s' is not accepted") &&
+                        Catch::Contains("a number of MiB") &&
+                        Catch::Contains("the default (64.0 MiB)"));
+}
+
 TEST_CASE("ferry-shm ls and clean: orphans go, live segments stay", "[tools][ferry-shm]") {
   ferry::test::in_child([] {
     ferry::test::run_in_private_container(16 << 20, [] {
@@ -183,6 +205,59 @@ TEST_CASE("ferry-shm ls and clean: orphans go, live segments stay", "[tools][fer
       expect(::stat(("/dev/shm/" + orphan).c_str(), &st) != 0, "the orphan is still there");
       expect(::stat(("/dev/shm/" + live).c_str(), &st) == 0, "clean removed the live segment");
       ::close(keep);
+    });
+  });
+}
+
+TEST_CASE("ferry-shm clean names the process root may not read; --force removes dead owners' only",
+          "[tools][ferry-shm]") {
+  ferry::test::in_child([] {
+    ferry::test::run_in_private_container(16 << 20, [] {
+      // As in a docker container: root, but no process has CAP_SYS_PTRACE.
+      ferry::test::drop_cap_sys_ptrace();
+      const pid_t dead = ::fork();
+      if (dead == 0) ::_exit(0);
+      ::waitpid(dead, nullptr, 0);
+      const std::string orphan = "torch_" + std::to_string(dead) + "_99_0";
+      const std::string live = "torch_" + std::to_string(::getpid()) + "_5";  // creator alive
+      for (const auto& name : {orphan, live}) {
+        const int fd = ::open(("/dev/shm/" + name).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+        expect(fd >= 0 && ::posix_fallocate(fd, 0, 1 << 20) == 0, "plant " + name);
+        ::close(fd);
+      }
+      int ready[2];
+      expect(::pipe(ready) == 0, "pipe");
+      const pid_t undumpable = ::fork();
+      if (undumpable == 0) {
+        ::prctl(PR_SET_NAME, "undumpable");
+        ::prctl(PR_SET_DUMPABLE, 0);
+        (void)::write(ready[1], "x", 1);
+        for (;;) ::pause();
+      }
+      char c = 0;
+      expect(::read(ready[0], &c, 1) == 1, "the undumpable process did not start");
+      const std::string who = "pid " + std::to_string(undumpable) + " (undumpable";
+
+      Run clean = ferry_shm({"clean"});
+      expect(clean.code == 0 && has(clean.out, "kept " + orphan) && has(clean.out, who) &&
+                 has(clean.out, "not dumpable") && has(clean.out, "CAP_SYS_PTRACE") &&
+                 !has(clean.out, "run as root") && has(clean.out, "clean --force removes them") &&
+                 !has(clean.out, "removed "),
+             "clean: " + clean.out + clean.err);
+      struct stat st {};
+      expect(::stat(("/dev/shm/" + orphan).c_str(), &st) == 0, "clean removed an unknown one");
+      Run ls = ferry_shm({"ls"});
+      expect(has(ls.out, "note: the fds or maps of " + who) && !has(ls.out, "not root?"),
+             "ls: " + ls.out);
+
+      Run force = ferry_shm({"clean", "--force"});
+      expect(force.code == 0 && has(force.out, "removed " + orphan) && !has(force.out, live) &&
+                 has(force.out, "freed 1.0 MiB in 1 orphaned or forced segment"),
+             "clean --force: " + force.out + force.err);
+      expect(::stat(("/dev/shm/" + orphan).c_str(), &st) != 0, "--force kept the orphan");
+      expect(::stat(("/dev/shm/" + live).c_str(), &st) == 0, "--force removed a live segment");
+      expect(::kill(undumpable, 0) == 0, "the unreadable process was disturbed");
+      ::kill(undumpable, SIGKILL);
     });
   });
 }

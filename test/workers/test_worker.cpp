@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "ipc/env.hpp"
 #include "workers/worker_loop.hpp"
 
 namespace {
@@ -42,8 +43,8 @@ std::string next_step(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const char* plan = std::getenv("FERRY_TEST_START_PLAN"); plan && *plan) {
-    const std::string step = next_step(plan);
+  if (const std::string plan = ferry::env::text("FERRY_TEST_START_PLAN", ""); !plan.empty()) {
+    const std::string step = next_step(plan.c_str());
     if (step == "kill") ::raise(SIGKILL);
     if (step == "crash") {
       std::fprintf(stderr, "ferry-test-worker: crashing at start, as planned\n");
