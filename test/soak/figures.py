@@ -1,5 +1,5 @@
-"""The soak's pure decisions and arithmetic: the memory target, growth per kill, the fuzzer's
-statistics, the table. Each has a case in test_figures.py."""
+"""The soak's pure decisions and arithmetic: the memory targets, growth per kill, the fuzzer's
+statistics, the supervisor's log counted, the table. Each has cases in test_figures.py."""
 
 import re
 
@@ -57,6 +57,22 @@ def fuzz_stats(log):
     crash (a sanitizer error, a deadly signal, a leak, a timeout or out-of-memory)."""
     stats = {k: int(v) for k, v in _FUZZ_STAT.findall(log)}
     return stats, bool(_FUZZ_CRASH.search(log))
+
+
+# What the supervisor's log says about its workers, counted: how each one ended, and the
+# messages that mark a known way to fail.
+_WORKER_END = re.compile(r"\] worker \d+ \([^)]*pid \d+\) ([^:;(\n]+)")
+_MARKERS = ("ended during its start-up", "giving up on worker", "ledger_full",
+            "could not read", "terminate called")
+
+
+def log_counts(stderr):
+    """{'worker_ends': {how: n}, 'markers': {text: n}} from the supervisor's stderr."""
+    ends = {}
+    for how in _WORKER_END.findall(stderr):
+        ends[how.strip()] = ends.get(how.strip(), 0) + 1
+    return {"worker_ends": ends,
+            "markers": {m: stderr.count(m) for m in _MARKERS if m in stderr}}
 
 
 def fmt_bytes(n):

@@ -113,7 +113,7 @@ class _Watch:
 
 class _Killer:
     """SIGKILLs a random live child of the supervisor every `every_s` seconds, `count` times,
-    from `after_s` seconds after the start (0: from the first worker's start-up on)."""
+    from `after_s` seconds after its first worker appeared (0: from that start-up on)."""
 
     def __init__(self, pid, count, every_s, after_s, seed, watch):
         self.pid, self.count, self.every_s, self.after_s = pid, count, every_s, after_s
@@ -121,9 +121,13 @@ class _Killer:
         self.watch = watch
         self.landed = 0
         self.seen = set()       # every worker pid ever seen
+        self.first = self.last = None  # when the first and the last kill landed
         self.stop = threading.Event()
 
     def run(self):
+        while not procs.children(self.pid):  # the input is still loading
+            if self.stop.wait(0.01):
+                return
         if self.stop.wait(self.after_s):
             return
         while self.landed < self.count and not self.stop.wait(self.every_s):
@@ -137,6 +141,8 @@ class _Killer:
                 continue
             self.landed += 1
             self.watch.kills = self.landed
+            self.last = time.monotonic()
+            self.first = self.first or self.last
 
 
 def run(ctx, p):
@@ -225,9 +231,12 @@ def run(ctx, p):
     fig = {
         "tasks": p["tasks"], "workers": p["workers"], "retries": p["retries"],
         "kills_asked": p["kills"], "kills_landed": killer.landed,
-        "kill_every_ms": p["kill_every_ms"], "exit_code": code, "seconds": round(seconds, 1),
+        "kill_every_ms": p["kill_every_ms"],
+        "kills_over_s": round(killer.last - killer.first, 1) if killer.first else None,
+        "exit_code": code, "seconds": round(seconds, 1),
         "tasks_per_second": summary.get("tasks_per_second"), "retried": summary.get("retried"),
         "restarts": restarts, "worker_pids_seen": len(killer.seen),
+        "supervisor_log": figures.log_counts(stderr),
         "kept_result_bytes": kept, "arena_step_bytes": step,
         "target_shmem_bytes": target, "target_held_bytes": held_target,
         "peak_supervisor_rss_bytes": peak["rss"],
@@ -240,10 +249,12 @@ def run(ctx, p):
         "series": watch.series,
     }
     fb = figures.fmt_bytes
-    headline = (f"{killer.landed}/{p['kills']} kills (every {p['kill_every_ms']} ms), "
+    headline = (f"{killer.landed}/{p['kills']} kills (one tried every {p['kill_every_ms']} ms, "
+                f"landed over {fig['kills_over_s'] or 0} s), "
                 f"{summary.get('tasks', 0)}/{p['tasks']} tasks, exit {code}; kept {fb(kept)}; "
                 f"peak RssShmem {fb(peak['shmem'])} (target {fb(target)}), mapped shm "
                 f"{fb(peak['held'])} (target {fb(held_target)}), RSS {fb(peak['rss'])}")
     if per_kill["held"] is not None:
-        headline += f"; mapped shm +{fb(per_kill['held'])}/kill"
+        g = per_kill["held"]
+        headline += f"; mapped shm {'+' if g >= 0 else '-'}{fb(abs(g))}/kill"
     return {"passed": not problems, "problems": problems, "figures": fig, "headline": headline}

@@ -104,7 +104,8 @@ def _run(ctx, p, dir_):
     fig = {"exit_code": code, "filled": filled, "seconds": round(seconds, 1),
            "batches": p["run_batches"], "tasks_failed": summary.get("failed"),
            "worker_restarts": sum(w.get("restarts", 0) for w in summary.get("workers", [])),
-           "first_task_error": errors[0][:300] if errors else "", "shm_error": line[:400]}
+           "first_task_error": errors[0][:300] if errors else "", "shm_error": line[:400],
+           "supervisor_log": figures.log_counts(stderr)}
     return problems, fig
 
 

@@ -43,8 +43,8 @@ PARAMS = [
     ("tasks", 1000000, 20000, "run_kills: tasks (one input tensor each)"),
     ("kills", 1000, 30, "run_kills: worker SIGKILLs during the run"),
     ("kill_every_ms", 50.0, 50.0, "run_kills: the pace of the kills"),
-    ("kill_after_ms", 0.0, 0.0, "run_kills: the first kill waits this long (0: kills start "
-                                "with the workers' first start-up)"),
+    ("kill_after_ms", 0.0, 0.0, "run_kills: kills start this long after the first worker "
+                                "appeared (0: during the workers' first start-up)"),
     ("workers", 4, 4, "run_kills, supervisor_kills: --workers"),
     ("retries", 100, 100, "run_kills: --retries"),
     ("shm_cap_mib", 4096, 1024, "run_kills: stop the run past this much shared memory"),
@@ -176,6 +176,7 @@ def main(argv):
     os.environ.pop("FERRY_SHM_DIR", None)  # every scenario's segments go to the private tmpfs
     ctx = Context(args)
     params = scenario_params(args)
+    revision = commit()  # now: the code that runs, not what the tree holds by the end
     modules = {"run_kills": run_kills, "supervisor_kills": supervisor_kills,
                "queue_kills": queue_kills, "shm_full": shm_full, "wire_fuzz": wire_fuzz}
     results = []
@@ -198,7 +199,7 @@ def main(argv):
     print()
     print(figures.table(results))
     doc = {"schema": "ferry-soak/1", "date": datetime.date.today().isoformat(),
-           "commit": commit(), "machine": machine(), "short": args.short,
+           "commit": revision, "machine": machine(), "short": args.short,
            "passed": all(r["passed"] for r in results), "scenarios": results}
     if args.json:
         with open(args.json, "w") as f:

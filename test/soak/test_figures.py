@@ -77,6 +77,32 @@ class FuzzStats(unittest.TestCase):
         self.assertTrue(figures.fuzz_stats(log)[1])
 
 
+class LogCounts(unittest.TestCase):
+    LOG = ("[ferry 9 warning] worker 1 (cpu, pid 24) exited with code 1\n"
+           "ferry-worker 24: ferry: ledger_full: all 65536 lease slots are held\n"
+           "[ferry 9 warning] worker 2 (cpu, pid 41) killed by the supervisor: it sent a result "
+           "the supervisor could not read (x)\n"
+           "[ferry 9 warning] worker 3 (cpu, pid 34) killed by SIGKILL\n"
+           "[ferry 9 warning] worker 0 (cpu, pid 35) killed by SIGKILL\n"
+           "[ferry 9 error] worker 3 (cpu) ended during its start-up, killed by SIGKILL; its own "
+           "message, if any, is on stderr above; giving up on worker 3 after 5 failed starts\n"
+           "terminate called without an active exception\n")
+
+    def test_counts_how_workers_ended(self):
+        ends = figures.log_counts(self.LOG)["worker_ends"]
+        self.assertEqual(ends, {"exited with code 1": 1, "killed by the supervisor": 1,
+                                "killed by SIGKILL": 2})
+
+    def test_counts_the_known_failure_marks(self):
+        marks = figures.log_counts(self.LOG)["markers"]
+        for m in ("ended during its start-up", "giving up on worker", "ledger_full",
+                  "terminate called"):
+            self.assertEqual(marks[m], 1, m)
+
+    def test_a_quiet_log_counts_nothing(self):
+        self.assertEqual(figures.log_counts(""), {"worker_ends": {}, "markers": {}})
+
+
 class Formatting(unittest.TestCase):
     def test_bytes(self):
         self.assertEqual(figures.fmt_bytes(512), "512 B")
