@@ -13,8 +13,9 @@ import time
 import figures
 import procs
 
-# Input kinds: (dtype name, shape, how to draw values). Every kind has at least 8 random bytes,
-# so two inputs are equal with negligible odds and a result in the wrong place is caught.
+# Input kinds: (dtype name, shape, how to draw values). Every kind but the empty one has at
+# least 8 random bytes, so two inputs are equal with negligible odds and a result in the wrong
+# place is caught.
 _KINDS = [
     ("float32", (4, 8), "randn"),
     ("float64", (3,), "randn"),
