@@ -7,7 +7,7 @@ CMAKE_ARGS ?=
 # Tests run with one job per core; the kill-loop tests start many processes each.
 CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
 
-.PHONY: all deps configure build run test bench asan tsan install-check clean
+.PHONY: all deps configure build run test bench soak asan tsan install-check clean
 
 all: build
 
@@ -31,6 +31,13 @@ bench: build
 	$(BUILD)/test/bench/ferry-bench --json $(BUILD)/bench.json
 	$(BUILD)/test/bench/ferry-pool-bench --json $(BUILD)/pool-bench.json
 	$(BUILD)/test/bench/ferry-cuda-bench --json $(BUILD)/cuda-bench.json
+
+# Long runs of crashes, kills and a full /dev/shm, with figures (docs/reliability.md); needs root.
+# SOAK_ARGS changes the counts, e.g. SOAK_ARGS="--kills 200 --fuzz-seconds 60".
+SOAK_PYTHON ?= /usr/bin/python3
+SOAK_ARGS ?=
+soak: build
+	$(SOAK_PYTHON) -B test/soak/soak.py --build $(BUILD) --json $(BUILD)/soak.json $(SOAK_ARGS)
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan:
