@@ -130,7 +130,17 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   } else {
     reply_message.push_back(protocol::text_tensor(error));
   }
-  results.send(reply_message);  // ends with peer_dead if the supervisor dies meanwhile
+  try {
+    results.send(reply_message);  // ends with peer_dead if the supervisor dies meanwhile
+  } catch (const Error& e) {
+    if (!error.empty() || e.code() == Errc::peer_dead || e.code() == Errc::closed) throw;
+    // The results cannot travel (shared memory full, too many tensors out): the task fails with
+    // that error, which names the sizes and the remedy, instead of this worker dying for it and
+    // the next one with it. The error's own message is small enough to fit where they did not.
+    reply.ok = false;
+    results.send({protocol::pack(reply),
+                  protocol::text_tensor("its results could not be sent back: " + e.detail())});
+  }
 }
 
 int refuse(int control, protocol::Welcome& welcome, const std::string& why) {

@@ -45,13 +45,14 @@ def _stream(ctx, p, dir_):
 
 
 def _run(ctx, p, dir_):
-    """ferry run keeping its results (--output) in a filesystem another file fills once the
-    first results are in: the run must end (exit 1, tasks failed, or 3, the pool broke) with
+    """ferry run keeping its results (--output; 256 KiB each, above the size a receiver copies
+    out on receipt, so they stay in the workers' segments) in a filesystem another file fills
+    once the first results are in: the run must end (exit 1, tasks failed, or 3, the pool broke) with
     the error naming the sizes and the remedy, and nothing may die of SIGBUS."""
     work = ctx.workdir("shm_full_run")
     env = dict(os.environ, FERRY_SHM_DIR=dir_, FERRY_ARENA_SEGMENT_MB="1")
     cmd = [ctx.ferry, "run", "--task", "square", "--workers", "2", "--batches",
-           str(p["run_batches"]), "--batch-size", "64", "--features", "64", "--json",
+           str(p["run_batches"]), "--batch-size", "64", "--features", "1024", "--json",
            "--output", os.path.join(work, "out.pt")]
     filler = os.path.join(dir_, "soak-filler")
     t0 = time.monotonic()
