@@ -505,7 +505,8 @@ int main(int argc, char** argv) {
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
       "3 the pool could not start or broke (every worker given up), 130/143 stopped by\n"
       "SIGINT/SIGTERM.\n"
-      "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable.");
+      "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable; every\n"
+      "variable is in docs/environment.md.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
