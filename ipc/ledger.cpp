@@ -140,7 +140,8 @@ void Ledger::free_locked(std::uint32_t slot) {
 }
 
 bool Ledger::has_releases() const noexcept {
-  return header()->releases.load(std::memory_order_acquire) != releases_seen_;
+  return header()->releases.load(std::memory_order_acquire) !=
+         releases_seen_.load(std::memory_order_relaxed);
 }
 
 std::size_t Ledger::reclaim(bool check_dead) {
@@ -149,7 +150,8 @@ std::size_t Ledger::reclaim(bool check_dead) {
 }
 
 std::size_t Ledger::reclaim_locked(bool check_dead) {
-  releases_seen_ = header()->releases.load(std::memory_order_acquire);
+  releases_seen_.store(header()->releases.load(std::memory_order_acquire),
+                       std::memory_order_relaxed);
   std::unordered_map<pid_t, bool> alive;
   std::size_t freed = 0;
   for (std::size_t i = 0; i < outstanding_.size();) {

@@ -103,7 +103,8 @@ class Ledger {
   std::vector<std::uint32_t> outstanding_;  // slots not FREE, in no particular order
   std::vector<std::uint32_t> where_;        // slot -> its index in outstanding_
   std::vector<Refusal> refusals_;
-  std::uint32_t releases_seen_ = 0;
+  // Read without mu_ by has_releases(), a hint: a stale value costs one early or late reclaim.
+  std::atomic<std::uint32_t> releases_seen_{0};
 };
 
 }  // namespace ferry
