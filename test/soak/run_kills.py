@@ -156,7 +156,7 @@ def run(ctx, p):
     target = figures.memory_target(kept, p["workers"], step)
     held_target = figures.held_target(kept, p["workers"], step)
     base_used = procs.shm_used()
-    cmd = [ctx.ferry, "run", "--task", "square", "--input", in_path, "--output", out_path,
+    cmd = [*ctx.ferry_run, "--task", "square", "--input", in_path, "--output", out_path,
            "--workers", str(p["workers"]), "--retries", str(p["retries"]), "--json"]
     with open(os.path.join(work, "stdout"), "w") as out, \
          open(os.path.join(work, "stderr"), "w") as err:

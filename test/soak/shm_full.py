@@ -51,7 +51,7 @@ def _run(ctx, p, dir_):
     the error naming the sizes and the remedy, and nothing may die of SIGBUS."""
     work = ctx.workdir("shm_full_run")
     env = dict(os.environ, FERRY_SHM_DIR=dir_, FERRY_ARENA_SEGMENT_MB="1")
-    cmd = [ctx.ferry, "run", "--task", "square", "--workers", "2", "--batches",
+    cmd = [*ctx.ferry_run, "--task", "square", "--workers", "2", "--batches",
            str(p["run_batches"]), "--batch-size", "64", "--features", "1024", "--json",
            "--output", os.path.join(work, "out.pt")]
     filler = os.path.join(dir_, "soak-filler")

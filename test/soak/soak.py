@@ -54,6 +54,9 @@ PARAMS = [
     ("supervisor_max_delay_ms", 2500, 2500, "supervisor_kills: the kill lands within this "
                                             "long of the start"),
     ("supervisor_check_every", 10, 5, "supervisor_kills: a complete run after every N kills"),
+    ("supervisor_orphan_grace_ms", 1000, 1000, "supervisor_kills: how long a dead supervisor's "
+                                                "workers may outlive it (one still in its "
+                                                "start-up asks for PR_SET_PDEATHSIG in its main)"),
     ("queue_kills", 1000, 100, "queue_kills: sender/receiver pairs broken"),
     ("queue_max_delay_ms", 30, 20, "queue_kills: the kill lands within this long of the "
                                    "pair's first message"),
@@ -78,6 +81,8 @@ class Context:
         self.queue_soak = args.queue_soak or os.path.join(b, "test", "soak", "queue_soak")
         self.fuzzer = args.fuzzer or os.path.join(b, "test", "wire_fuzzer")
         self.fuzz_seeds = args.fuzz_seeds or os.path.join(b, "test", "wire_fuzz_seeds")
+        # How `ferry run` is invoked; --start only when asked (its default forks on a CPU).
+        self.ferry_run = [self.ferry, "run"] + (["--start", args.start] if args.start else [])
         self.root = tempfile.mkdtemp(prefix="ferry-soak-")
 
     def workdir(self, name):
@@ -93,6 +98,10 @@ def parse(argv):
     for opt in ("ferry", "ferry-shm", "queue-soak", "fuzzer", "fuzz-seeds"):
         ap.add_argument("--" + opt, help=f"path of {opt} (default: in --build)")
     ap.add_argument("--short", action="store_true", help="the suite's small counts")
+    ap.add_argument("--start", choices=("auto", "fork", "spawn"),
+                    help="how ferry run starts its workers (default: its own, fork on a CPU); "
+                         "the suite passes spawn under ThreadSanitizer, which cannot follow a "
+                         "multithreaded process's forked child that starts threads")
     ap.add_argument("--only", default=",".join(SCENARIOS),
                     help="comma-separated scenarios to run (default: all)")
     ap.add_argument("--json", help="write the figures here")
@@ -120,6 +129,7 @@ def scenario_params(a):
         "supervisor_kills": {"kills": a.supervisor_kills,
                              "max_delay_ms": a.supervisor_max_delay_ms, "workers": a.workers,
                              "check_every": a.supervisor_check_every,
+                             "orphan_grace_ms": a.supervisor_orphan_grace_ms,
                              "timeout_s": a.run_timeout_s, "seed": a.seed},
         "queue_kills": {"iterations": a.queue_kills, "max_delay_ms": a.queue_max_delay_ms,
                         "timeout_ms": a.queue_timeout_ms, "parallel": a.queue_parallel,

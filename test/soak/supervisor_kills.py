@@ -25,7 +25,7 @@ def _settled_shm(ferry_shm, base_used, seconds=1.0):
 
 def _clean_run(ctx, p, work, n):
     """A complete small run; problems if it does not exit 0."""
-    r = subprocess.run([ctx.ferry, "run", "--task", "square", "--workers", str(p["workers"]),
+    r = subprocess.run([*ctx.ferry_run, "--task", "square", "--workers", str(p["workers"]),
                         "--batches", "200", "--batch-size", "8", "--features", "8", "--json"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        timeout=p["timeout_s"])
@@ -35,7 +35,7 @@ def _clean_run(ctx, p, work, n):
 
 
 def run(ctx, p):
-    """p: kills, max_delay_ms, workers, check_every, seed, timeout_s."""
+    """p: kills, max_delay_ms, workers, check_every, orphan_grace_ms, seed, timeout_s."""
     work = ctx.workdir("supervisor_kills")
     rng = random.Random(p["seed"])
     base_used = procs.shm_used()
@@ -46,7 +46,7 @@ def run(ctx, p):
     t0 = time.monotonic()
     for n in range(1, p["kills"] + 1):
         # Synthetic batches enough to outlast any delay: the run is always killed mid-way.
-        cmd = [ctx.ferry, "run", "--task", "square", "--workers", str(p["workers"]),
+        cmd = [*ctx.ferry_run, "--task", "square", "--workers", str(p["workers"]),
                "--batches", "10000000", "--batch-size", "8", "--features", "8", "--json"]
         with open(os.path.join(work, "stderr"), "w") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
@@ -70,10 +70,12 @@ def run(ctx, p):
         else:
             phases["all_workers_up"] += 1
         # A worker forked after the last look is reparented to us (a subreaper): strays().
-        left = procs.wait_gone(sorted(seen) + procs.strays(), 1.0)
+        grace = p["orphan_grace_ms"]
+        left = procs.wait_gone(sorted(seen | set(procs.strays())), grace / 1000)
         gone_ms.append((time.monotonic() - killed_at) * 1000)
         if left:
-            problems.append(f"kill {n}: workers {left} still running 1 s after the supervisor died")
+            problems.append(f"kill {n}: workers {left} still running {grace} ms after the "
+                            f"supervisor died")
             procs.kill_all(left)
             procs.wait_gone(left, 5.0)
         procs.reap_zombies()
