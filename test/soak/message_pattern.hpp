@@ -28,7 +28,7 @@ inline at::Tensor expected_values(std::int64_t seq, std::int64_t j, std::int64_t
 }
 
 struct MessageShape {
-  int tensors_max = 3;             // k is drawn from [1, tensors_max]
+  int tensors_max = 3;               // k is drawn from [1, tensors_max]
   std::int64_t bytes_max = 1 << 18;  // each tensor's size is drawn log-uniformly up to this
 };
 

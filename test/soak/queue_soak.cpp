@@ -48,25 +48,32 @@ using Ms = std::chrono::milliseconds;
 
 // How a child of the pair ended, as its exit code.
 enum Code : int {
-  kPass = 0,       // saw what it had to (peer_dead, or shm_exhausted with a clear message)
-  kHang = 20,      // its own bounded wait ran out (Errc::timeout)
-  kError = 21,     // another ferry::Error, or the right code with an unclear message
-  kCorrupt = 22,   // a message did not hold what was sent
-  kLeak = 23,      // a surviving sender's blocks or leases did not come back
-  kNoError = 24,   // the shm never filled up for the sender
-  kThrown = 25,    // anything else thrown
+  kPass = 0,      // saw what it had to (peer_dead, or shm_exhausted with a clear message)
+  kHang = 20,     // its own bounded wait ran out (Errc::timeout)
+  kError = 21,    // another ferry::Error, or the right code with an unclear message
+  kCorrupt = 22,  // a message did not hold what was sent
+  kLeak = 23,     // a surviving sender's blocks or leases did not come back
+  kNoError = 24,  // the shm never filled up for the sender
+  kThrown = 25,   // anything else thrown
 };
 
 std::string outcome_name(int status) {
   if (WIFSIGNALED(status)) return std::string("crash:") + ::sigabbrev_np(WTERMSIG(status));
   switch (WEXITSTATUS(status)) {
-    case kPass: return "pass";
-    case kHang: return "hang";
-    case kError: return "wrong_error";
-    case kCorrupt: return "corrupt";
-    case kLeak: return "leak";
-    case kNoError: return "no_error";
-    default: return "exit:" + std::to_string(WEXITSTATUS(status));
+    case kPass:
+      return "pass";
+    case kHang:
+      return "hang";
+    case kError:
+      return "wrong_error";
+    case kCorrupt:
+      return "corrupt";
+    case kLeak:
+      return "leak";
+    case kNoError:
+      return "no_error";
+    default:
+      return "exit:" + std::to_string(WEXITSTATUS(status));
   }
 }
 
@@ -130,7 +137,9 @@ bool read_bytes(int fd, char* out, std::size_t n, Clock::time_point deadline) {
   return true;
 }
 
-int code_of(const ferry::Error& e) { return e.code() == Errc::timeout ? kHang : kError; }
+int code_of(const ferry::Error& e) {
+  return e.code() == Errc::timeout ? kHang : kError;
+}
 
 // Polls arena_stats() (which reclaims the leases of dead holders) until nothing is in use.
 bool blocks_come_back(Ms timeout) {
@@ -231,7 +240,8 @@ int run_kills(const KillOptions& o) {
   for (int i = 0; i < o.iterations; ++i) {
     std::mt19937_64 rng(o.seed * 1000003 + std::uint64_t(i));
     const bool kill_sender = rng() % 2 == 0;
-    const auto delay = std::chrono::microseconds(rng() % (std::uint64_t(o.max_delay_ms) * 1000 + 1));
+    const auto delay =
+        std::chrono::microseconds(rng() % (std::uint64_t(o.max_delay_ms) * 1000 + 1));
     const std::uint32_t capacity = std::array<std::uint32_t, 3>{4, 16, 64}[rng() % 3];
     auto q = TensorQueue::create({capacity});
     int ready[2], result[2];
@@ -270,8 +280,8 @@ int run_kills(const KillOptions& o) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - killed_at).count();
     if (outcome.empty()) outcome = hung ? "hang" : outcome_name(status);
     std::int64_t count = 0;
-    if (outcome == "pass" && read_bytes(result[0], reinterpret_cast<char*>(&count),
-                                        sizeof count, Clock::now() + Ms(1000))) {
+    if (outcome == "pass" && read_bytes(result[0], reinterpret_cast<char*>(&count), sizeof count,
+                                        Clock::now() + Ms(1000))) {
       (kill_sender ? received : sent) += count;
       detect_ms.push_back(ms);
     }
@@ -280,8 +290,7 @@ int run_kills(const KillOptions& o) {
     if (outcome != "pass") {
       ++failures;
       std::fprintf(stderr, "queue_soak: iteration %d (killed the %s after %lld us): %s\n", i,
-                   kill_sender ? "sender" : "receiver", (long long)delay.count(),
-                   outcome.c_str());
+                   kill_sender ? "sender" : "receiver", (long long)delay.count(), outcome.c_str());
     }
     ++outcomes[kill_sender ? "sender_killed" : "receiver_killed"][outcome];
   }
@@ -337,8 +346,8 @@ int fill_sender(TensorQueue& q, std::uint64_t seed, int result_fd, Ms timeout) {
       const bool clear = w.find("bytes") != std::string::npos &&
                          w.find("free of") != std::string::npos &&
                          w.find("Remedy") != std::string::npos;
-      std::fprintf(stderr, "queue_soak: sender stopped after %lld messages: %s\n",
-                   (long long)seq, w.c_str());
+      std::fprintf(stderr, "queue_soak: sender stopped after %lld messages: %s\n", (long long)seq,
+                   w.c_str());
       code = e.code() == Errc::shm_exhausted && clear ? kPass : code_of(e);
       break;
     }
@@ -464,8 +473,9 @@ int main(int argc, char** argv) {
   auto* kills = app.add_subcommand("kills", "SIGKILL the sender or the receiver at random");
   kills->add_option("--iterations", k.iterations, "pairs to start and break");
   kills->add_option("--seed", k.seed, "makes a run repeatable (up to the scheduler)");
-  kills->add_option("--max-delay-ms", k.max_delay_ms, "the kill lands up to this long after the "
-                                                      "pair's first message");
+  kills->add_option("--max-delay-ms", k.max_delay_ms,
+                    "the kill lands up to this long after the "
+                    "pair's first message");
   kills->add_option("--timeout-ms", k.timeout_ms, "every wait's bound");
   FillOptions f;
   auto* fill = app.add_subcommand("fill", "fill FERRY_SHM_DIR mid-stream");
