@@ -114,6 +114,12 @@ Ledger::Lease Ledger::acquire(std::shared_ptr<void> keepalive) {
   return {slot, l.gen};
 }
 
+bool Ledger::has_room() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) reclaim_locked(true);
+  return !free_.empty();
+}
+
 void Ledger::route(const Lease& lease, std::shared_ptr<Channel> channel, std::uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   Local& l = local_[lease.slot];

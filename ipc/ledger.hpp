@@ -44,6 +44,8 @@ class Ledger {
   // Takes a free slot for a tensor about to be sent; `keepalive` (the block) is held until the
   // lease ends. Reclaims first when no slot is free; throws Error(ledger_full) if none comes back.
   Lease acquire(std::shared_ptr<void> keepalive);
+  // True when acquire() would find a slot now (reclaiming ended leases first when none is free).
+  bool has_room();
   // Records which channel carries the lease's message and its sequence number there, so a lease
   // whose message was consumed by a receiver that then died can be taken back.
   void route(const Lease& lease, std::shared_ptr<Channel> channel, std::uint64_t seq);

@@ -22,6 +22,8 @@ const char* copy_reason_name(CopyReason r) noexcept {
       return "cpu_receiver";
     case CopyReason::ledger_full:
       return "ledger_full";
+    case CopyReason::empty:
+      return "empty";
     case CopyReason::count_:
       break;
   }
@@ -33,6 +35,56 @@ StatCounters& counters() noexcept {
   static StatCounters c;
   return c;
 }
+}  // namespace detail
+
+void TransferCounts::add(const SentTensor& t) noexcept {
+  if (t.copied) {
+    ++tensors_copied;
+    bytes_copied += t.bytes;
+    ++copies_by_reason[static_cast<int>(*t.copied)];
+  } else {
+    ++tensors_zero_copy;
+    bytes_zero_copy += t.bytes;
+  }
+}
+
+TransferCounts& TransferCounts::operator+=(const TransferCounts& o) noexcept {
+  tensors_zero_copy += o.tensors_zero_copy;
+  bytes_zero_copy += o.bytes_zero_copy;
+  tensors_copied += o.tensors_copied;
+  bytes_copied += o.bytes_copied;
+  for (int i = 0; i < static_cast<int>(CopyReason::count_); ++i) {
+    copies_by_reason[i] += o.copies_by_reason[i];
+  }
+  return *this;
+}
+
+TransferCounts SendReport::counts(std::size_t from) const noexcept {
+  TransferCounts c;
+  for (std::size_t i = from; i < tensors.size(); ++i) c.add(tensors[i]);
+  return c;
+}
+
+namespace detail {
+
+void count_sent(const SendReport& r) noexcept {
+  auto& c = counters();
+  for (const SentTensor& t : r.tensors) {
+    if (t.copied) {
+      bump(c.tensors_copied);
+      bump(c.bytes_copied, t.bytes);
+      bump(c.copies_by_reason[static_cast<int>(*t.copied)]);
+    } else {
+      bump(c.tensors_zero_copy);
+      bump(c.bytes_zero_copy, t.bytes);
+      if (t.cuda) {
+        bump(c.cuda_tensors_zero_copy);
+        bump(c.cuda_bytes_zero_copy, t.bytes);
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 TransportStats transport_stats() noexcept {

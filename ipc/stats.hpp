@@ -3,7 +3,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace ferry {
 
@@ -19,12 +22,14 @@ enum class CopyReason : std::uint8_t {
   peer_cannot_open,  // the receiver cannot open the block (other device, already open elsewhere)
   cpu_receiver,      // the receiver cannot use CUDA: the tensor arrives on the CPU
   ledger_full,       // every CUDA lease slot is in use: sent through the CPU transport
+  empty,             // an empty CUDA tensor: no allocation to export, it crosses as a record
   count_,
 };
 const char* copy_reason_name(CopyReason r) noexcept;
 
 struct TransportStats {
   std::uint64_t messages_sent = 0, messages_received = 0;
+  // Tensors sent, CPU and CUDA: shared in place, or copied (and why).
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
   std::uint64_t copies_by_reason[static_cast<int>(CopyReason::count_)] = {};
@@ -37,7 +42,7 @@ struct TransportStats {
   std::uint64_t segments_mapped = 0;   // peers' segments mapped here (each at most once)
   std::uint64_t fds_fetched = 0;       // segment fds received by SCM_RIGHTS
   std::uint64_t leases_reclaimed = 0;  // leases taken back from receivers that died
-  // CUDA IPC (runtime/cuda_transport.hpp).
+  // CUDA IPC (runtime/cuda_transport.hpp); the zero-copy ones are also in tensors_zero_copy.
   std::uint64_t cuda_tensors_zero_copy = 0, cuda_bytes_zero_copy = 0;
   std::uint64_t cuda_handles_exported = 0;   // cudaIpcGetMemHandle calls (once per block)
   std::uint64_t cuda_handles_opened = 0;     // cudaIpcOpenMemHandle calls (once per block and peer)
@@ -47,6 +52,29 @@ struct TransportStats {
   std::uint64_t cuda_events_recorded = 0;
   std::uint64_t cuda_event_pool_syncs = 0;  // sends that synchronised their stream: pool empty
   std::uint64_t cuda_peer_deaths = 0;       // senders that died while this process held views
+};
+
+// How one tensor of a sent message travelled.
+struct SentTensor {
+  std::uint64_t bytes = 0;
+  bool cuda = false;
+  std::optional<CopyReason> copied;  // why it was copied; unset when it was shared in place
+};
+
+// Tensors and bytes shared in place and copied, and the copies by reason.
+struct TransferCounts {
+  std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
+  std::uint64_t tensors_copied = 0, bytes_copied = 0;
+  std::uint64_t copies_by_reason[static_cast<int>(CopyReason::count_)] = {};
+  void add(const SentTensor& t) noexcept;
+  TransferCounts& operator+=(const TransferCounts& o) noexcept;
+};
+
+// What TensorQueue::send did with a message: each tensor in order.
+struct SendReport {
+  std::vector<SentTensor> tensors;
+  // The counts over tensors [from, end): a caller's own header tensor can be left out.
+  TransferCounts counts(std::size_t from = 0) const noexcept;
 };
 
 // A snapshot of this process's counters.
@@ -73,6 +101,8 @@ StatCounters& counters() noexcept;
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
   c.fetch_add(n, std::memory_order_relaxed);
 }
+// Counts what a send did, once its message is in the queue.
+void count_sent(const SendReport& r) noexcept;
 }  // namespace detail
 
 }  // namespace ferry

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -91,6 +92,7 @@ struct Sender {
   cuda::EventPool events{env_count("FERRY_CUDA_EVENTS", 64)};
   std::map<int, cuda::Uuid> uuids;
   std::set<Refused> refused;
+  std::map<int, bool> copies_exportable;  // per device: can LibTorch's fresh blocks be exported
 
   bool refused_by_locked(pid_t pid, const cuda::BlockInfo& b) {
     if (ledger) {
@@ -126,6 +128,22 @@ struct Sender {
       if (dead_due || l.has_releases()) l.reclaim(dead_due);
     }
   }
+  // Whether a copy on `device` could travel by handle: one small allocation from LibTorch's
+  // allocator per device and process shows what kind of memory it gives (expandable segments
+  // give memory that legacy IPC cannot export).
+  bool copies_exportable_locked(int device) {
+    auto it = copies_exportable.find(device);
+    if (it == copies_exportable.end()) {
+      const at::Tensor probe =
+          at::empty({1}, at::TensorOptions(at::kByte).device(at::kCUDA, device));
+      cuda::BlockInfo b;
+      check(cuda::block_of(probe.storage().data(), &b), "locating LibTorch's CUDA memory");
+      it = copies_exportable.emplace(device, b.kind == cuda::MemoryKind::device && b.legacy_ipc)
+               .first;
+    }
+    return it->second;
+  }
+
   const cuda::Uuid& uuid_locked(int device) {
     auto it = uuids.find(device);
     if (it == uuids.end()) {
@@ -375,6 +393,134 @@ at::Tensor copy_on_device(const at::Tensor& t) {
 
 // ---- sending ----------------------------------------------------------------------------
 
+namespace {
+
+bool exportable(const cuda::BlockInfo& b) {
+  return b.kind == cuda::MemoryKind::device && b.legacy_ipc;
+}
+
+// What decide() needs to know to send `t` to `to`. The caller holds s.mu, so the room found in
+// the ledger is still there when the lease is taken.
+cuda::SendFacts gather_facts_locked(Sender& s, const at::Tensor& t, const ReceiverHint& to,
+                                    bool detached, bool received) {
+  const int device = t.device().index();
+  cuda::SendFacts f;
+  f.detached = detached;
+  f.received = received;
+  f.empty = t.storage().nbytes() == 0 || t.storage().data() == nullptr;
+  if (!f.empty) {
+    check(cuda::block_of(t.storage().data(), &f.block), "locating the allocation of a CUDA tensor");
+  }
+  f.ledger_has_room = !s.ledger || s.ledger->has_room();
+  f.copies_exportable = s.copies_exportable_locked(device);
+  if (to.device != -2) {
+    f.receiver.known = true;
+    f.receiver.same_process = to.pid == current_pid();
+    f.receiver.cuda = to.device >= 0;
+    f.receiver.cannot_open =
+        to.device >= 0 && to.device != device && !cuda::can_access_peer(to.device, device);
+    if (!f.empty) f.receiver.cannot_open |= s.refused_by_locked(to.pid, f.block);
+  }
+  return f;
+}
+
+// The record of `shared` (the tensor, or its copy on the device) in `block`, exported by handle,
+// with a lease that holds its storage and an event that marks its last write. The caller holds
+// s.mu and found a lease slot free.
+CudaOutgoing send_by_handle_locked(Sender& s, const at::Tensor& shared,
+                                   const cuda::BlockInfo& block) {
+  const int device = shared.device().index();
+  Ledger& ledger = s.ledger_locked();
+  CudaOutgoing out{
+      wire::make_record(), &ledger,
+      ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage(), block})),
+      std::nullopt};
+  try {
+    wire::Record& r = out.record;
+    describe_view(shared, r);
+    r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cuda);
+    r.device_index = static_cast<std::int8_t>(device);
+    const cuda::Uuid& uuid = s.uuid_locked(device);
+    std::memcpy(r.device_uuid, uuid.data(), uuid.size());
+    r.owner_token = process_token();
+    r.owner_pid = current_pid();
+    const cuda::ProcessIdentity& me = cuda::this_process();
+    r.owner_pid_ns = me.pid_ns;
+    std::memcpy(r.owner_boot_id, me.boot_id.data(), me.boot_id.size());
+    r.segment_seq = 0;
+    r.segment_size = block.size;
+    r.block_offset = reinterpret_cast<std::uintptr_t>(shared.storage().data()) - block.base;
+    r.cuda_base = block.base;
+    r.cuda_buffer_id = block.buffer_id;
+    const cuda::IpcHandle* h = s.handles.find(block);
+    if (h == nullptr) {
+      cuda::IpcHandle fresh{};
+      check(cuda::get_mem_handle(device, block.base, &fresh), "exporting a CUDA allocation");
+      s.handles.put(block, fresh);
+      h = s.handles.find(block);
+      bump(counters().cuda_handles_exported);
+    }
+    std::memcpy(r.mem_handle, h->data(), h->size());
+    r.lease_slot = out.lease.slot;
+    r.lease_gen = out.lease.gen;
+
+    // The event marks the tensor's last write on this stream; the receiver's stream waits on
+    // it, so nobody stalls the host.
+    void* stream = current_cuda_stream(device);
+    cuda::EventPool::Take e =
+        s.events.take(device, [&](const Ledger::Lease& l) { return ledger.unclaimed(l); });
+    if (e.action == cuda::EventPool::Take::create) {
+      cuda::Status cs = cuda::create_ipc_event(device, &e.event, &e.handle);
+      if (!cs.ok()) {
+        s.events.give_back(device, e.slot);
+        check(cs, "creating an interprocess event");
+      }
+      s.events.add(device, e.slot, e.event, e.handle);
+    }
+    if (e.action == cuda::EventPool::Take::exhausted) {
+      check(cuda::stream_synchronize(stream), "synchronising the stream (event pool empty)");
+      bump(counters().cuda_event_pool_syncs);
+      r.event_slot = wire::kNoEvent;
+    } else {
+      cuda::Status rs = cuda::record_event(e.event, stream);
+      if (!rs.ok()) {
+        s.events.give_back(device, e.slot);
+        check(rs, "recording an interprocess event");
+      }
+      s.events.bind(device, e.slot, out.lease);
+      bump(counters().cuda_events_recorded);
+      r.event_slot = e.slot;
+      std::memcpy(r.event_handle, e.handle.data(), e.handle.size());
+    }
+  } catch (...) {
+    ledger.abandon(out.lease);
+    throw;
+  }
+  return out;
+}
+
+// `t` through the CPU transport: one device-to-host copy straight into an arena block. A dense
+// tensor keeps its strides; its elements fill exactly nbytes() from the first one. With
+// `uuid`, the receiver moves it back to that device.
+CudaOutgoing send_through_shm(const at::Tensor& t, Arena& arena, const cuda::Uuid* uuid) {
+  const bool dense = t.is_non_overlapping_and_dense();
+  at::Tensor host =
+      allocate_in_arena(arena, t.sizes(), dense ? t.strides() : c10::contiguous_strides(t.sizes()),
+                        t.scalar_type(), t.nbytes());
+  host.copy_(t);
+  Outgoing o = describe_in_arena(host, arena_block_of(host), arena);
+  CudaOutgoing out{o.record, &arena.ledger(), o.lease, std::nullopt};
+  out.record.flags = wire::kFlagCopied;
+  if (uuid != nullptr) {
+    out.record.flags |= wire::kFlagToDevice;
+    out.record.device_index = static_cast<std::int8_t>(t.device().index());
+    std::memcpy(out.record.device_uuid, uuid->data(), uuid->size());
+  }
+  return out;
+}
+
+}  // namespace
+
 CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
                          const ReceiverHint& to, bool detached) {
   check_sendable(t, index);
@@ -385,150 +531,42 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
                                      " of the message is a view on CUDA memory of a process "
                                      "that has exited; it cannot be sent on");
   }
-  void* stream = current_cuda_stream(device);
   Sender& s = sender();
-
-  cuda::SendFacts facts;
-  facts.detached = detached;
-  facts.received = received;
-  // An empty tensor has no allocation to export; it crosses as an empty host tensor.
-  const bool empty = t.storage().nbytes() == 0 || t.storage().data() == nullptr;
-  if (!empty) {
-    check(cuda::block_of(t.storage().data(), &facts.block),
-          "locating the allocation of a CUDA tensor");
-  }
-  if (to.device != -2) {
-    facts.receiver.known = true;
-    facts.receiver.same_process = to.pid == current_pid();
-    facts.receiver.cuda = to.device >= 0;
-    facts.receiver.cannot_open =
-        to.device >= 0 && to.device != device && !cuda::can_access_peer(to.device, device);
-    if (!empty) {
-      std::lock_guard<std::mutex> lock(s.mu);
-      facts.receiver.cannot_open |= s.refused_by_locked(to.pid, facts.block);
-    }
-  }
+  std::unique_lock<std::mutex> lock(s.mu);
+  cuda::SendFacts facts = gather_facts_locked(s, t, to, detached, received);
   cuda::Decision d = cuda::decide(facts);
-  if (empty && d.route != cuda::Route::host_only)
-    d = {cuda::Route::host_copy, CopyReason::not_exportable};
 
-  at::Tensor shared = t;
-  cuda::BlockInfo block = facts.block;
+  std::optional<CudaOutgoing> out;
   if (d.route == cuda::Route::device_copy) {
-    shared = copy_on_device(t);
-    check(cuda::block_of(shared.storage().data(), &block), "locating a copy's allocation");
-    if (block.kind != cuda::MemoryKind::device || !block.legacy_ipc) {
-      // LibTorch's allocator gives memory that cannot be exported either (expandable segments):
-      // only the CPU transport is left.
-      d = {cuda::Route::host_copy, CopyReason::not_exportable};
+    at::Tensor copy = copy_on_device(t);
+    cuda::BlockInfo block;
+    check(cuda::block_of(copy.storage().data(), &block), "locating a copy's allocation");
+    if (exportable(block)) {
+      out = send_by_handle_locked(s, copy, block);
+    } else {
+      // LibTorch's allocator settings changed since this device was probed (they can, at run
+      // time): its copies cannot be exported after all. Learn it, and decide again.
+      s.copies_exportable[device] = false;
+      facts.copies_exportable = false;
+      d = cuda::decide(facts);
     }
+  } else if (d.route == cuda::Route::zero_copy) {
+    out = send_by_handle_locked(s, t, facts.block);
   }
-  if (d.route == cuda::Route::zero_copy || d.route == cuda::Route::device_copy) {
-    std::unique_lock<std::mutex> lock(s.mu);
-    Ledger& ledger = s.ledger_locked();
-    Ledger::Lease lease;
-    try {
-      lease = ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage(), block}));
-    } catch (const Error& e) {
-      if (e.code() != Errc::ledger_full) throw;
-      d = {cuda::Route::host_copy, CopyReason::ledger_full};
-      log().debug("CUDA ledger full: tensor {} goes through shared memory", index);
-    }
-    if (d.route != cuda::Route::host_copy) {
-      CudaOutgoing out{wire::make_record(), &ledger, lease};
-      try {
-        wire::Record& r = out.record;
-        describe_view(shared, r);
-        r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cuda);
-        r.device_index = static_cast<std::int8_t>(device);
-        const cuda::Uuid& uuid = s.uuid_locked(device);
-        std::memcpy(r.device_uuid, uuid.data(), uuid.size());
-        r.owner_token = process_token();
-        r.owner_pid = current_pid();
-        const cuda::ProcessIdentity& me = cuda::this_process();
-        r.owner_pid_ns = me.pid_ns;
-        std::memcpy(r.owner_boot_id, me.boot_id.data(), me.boot_id.size());
-        r.segment_seq = 0;
-        r.segment_size = block.size;
-        r.block_offset = reinterpret_cast<std::uintptr_t>(shared.storage().data()) - block.base;
-        r.cuda_base = block.base;
-        r.cuda_buffer_id = block.buffer_id;
-        const cuda::IpcHandle* h = s.handles.find(block);
-        if (h == nullptr) {
-          cuda::IpcHandle fresh{};
-          check(cuda::get_mem_handle(device, block.base, &fresh), "exporting a CUDA allocation");
-          s.handles.put(block, fresh);
-          h = s.handles.find(block);
-          bump(counters().cuda_handles_exported);
-        }
-        std::memcpy(r.mem_handle, h->data(), h->size());
-        r.lease_slot = lease.slot;
-        r.lease_gen = lease.gen;
-
-        // The event marks the tensor's last write on this stream; the receiver's stream waits
-        // on it, so nobody stalls the host.
-        cuda::EventPool::Take e =
-            s.events.take(device, [&](const Ledger::Lease& l) { return ledger.unclaimed(l); });
-        if (e.action == cuda::EventPool::Take::create) {
-          cuda::Status cs = cuda::create_ipc_event(device, &e.event, &e.handle);
-          if (!cs.ok()) {
-            s.events.give_back(device, e.slot);
-            check(cs, "creating an interprocess event");
-          }
-          s.events.add(device, e.slot, e.event, e.handle);
-        }
-        if (e.action == cuda::EventPool::Take::exhausted) {
-          check(cuda::stream_synchronize(stream), "synchronising the stream (event pool empty)");
-          bump(counters().cuda_event_pool_syncs);
-          r.event_slot = wire::kNoEvent;
-        } else {
-          cuda::Status rs = cuda::record_event(e.event, stream);
-          if (!rs.ok()) {
-            s.events.give_back(device, e.slot);
-            check(rs, "recording an interprocess event");
-          }
-          s.events.bind(device, e.slot, lease);
-          bump(counters().cuda_events_recorded);
-          r.event_slot = e.slot;
-          std::memcpy(r.event_handle, e.handle.data(), e.handle.size());
-        }
-      } catch (...) {
-        ledger.abandon(lease);
-        throw;
-      }
-      if (d.reason) {
-        count_copy(*d.reason, t.nbytes());
-        out.record.flags = wire::kFlagCopied;
-        log().debug("CUDA tensor {} copied on cuda:{} before sending: {}", index, device,
-                    copy_reason_name(*d.reason));
-      } else {
-        bump(counters().cuda_tensors_zero_copy);
-        bump(counters().cuda_bytes_zero_copy, t.nbytes());
-      }
-      return out;
-    }
+  if (!out) {
+    const bool to_device = d.route == cuda::Route::host_copy;
+    const cuda::Uuid uuid = to_device ? s.uuid_locked(device) : cuda::Uuid{};
+    lock.unlock();
+    out = send_through_shm(t, arena, to_device ? &uuid : nullptr);
   }
-
-  // Through the CPU transport: one device-to-host copy straight into an arena block.
-  // A dense tensor keeps its strides; its elements fill exactly nbytes() from the first one.
-  const bool dense = t.is_non_overlapping_and_dense();
-  at::Tensor host =
-      allocate_in_arena(arena, t.sizes(), dense ? t.strides() : c10::contiguous_strides(t.sizes()),
-                        t.scalar_type(), t.nbytes());
-  host.copy_(t);
-  count_copy(*d.reason, t.nbytes());
-  log().debug("CUDA tensor {} sent through shared memory: {}", index, copy_reason_name(*d.reason));
-  Outgoing o = describe_in_arena(host, arena_block_of(host), arena);
-  CudaOutgoing out{o.record, &arena.ledger(), o.lease};
-  out.record.flags = wire::kFlagCopied;
-  if (d.route == cuda::Route::host_copy) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    out.record.flags |= wire::kFlagToDevice;
-    out.record.device_index = static_cast<std::int8_t>(device);
-    const cuda::Uuid& uuid = s.uuid_locked(device);
-    std::memcpy(out.record.device_uuid, uuid.data(), uuid.size());
+  out->copied = d.reason;
+  if (d.reason) {
+    out->record.flags |= wire::kFlagCopied;
+    log().debug("CUDA tensor {} of cuda:{} copied ({}): {}", index, device,
+                d.route == cuda::Route::device_copy ? "on the device" : "through shared memory",
+                copy_reason_name(*d.reason));
   }
-  return out;
+  return std::move(*out);
 }
 
 std::size_t cuda_in_flight() {

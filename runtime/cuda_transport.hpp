@@ -17,8 +17,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "ipc/ledger.hpp"
+#include "ipc/stats.hpp"
 #include "ipc/wire.hpp"
 
 namespace ferry {
@@ -39,6 +41,7 @@ struct CudaOutgoing {
   wire::Record record;
   Ledger* ledger;  // which of this process's ledgers holds the lease (CUDA, or the arena's)
   Ledger::Lease lease;
+  std::optional<CopyReason> copied;  // why it was copied first; unset when sent by handle
 };
 
 // Describes CUDA tensor `index` of a message (copying it where send_policy says so) and takes a

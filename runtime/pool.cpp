@@ -38,11 +38,10 @@ constexpr auto kSendTimeout = std::chrono::seconds(10);  // the queues are sized
 
 // What threads other than the monitor may know of a slot (under State::mu; the monitor writes).
 struct Published {
-  std::optional<TensorQueue> tasks;         // while the worker takes tasks
-  std::string kill_request;                 // a collector or dispatcher asks the monitor to kill it
-  bool started_once = false;                // later starts are restarts
-  WorkerStats stats;                        // counters of earlier processes folded in
-  protocol::ResultEnvelope process_counts;  // the current process's transport counters
+  std::optional<TensorQueue> tasks;  // while the worker takes tasks
+  std::string kill_request;          // a collector or dispatcher asks the monitor to kill it
+  bool started_once = false;         // later starts are restarts
+  WorkerStats stats;                 // counters of earlier processes folded in
 };
 
 std::string join_names(const std::vector<std::string>& v) {
@@ -150,24 +149,6 @@ struct Pool::State {
     dispatch();
   }
 
-  // How a task's inputs travel to a worker on `device`, counted at their first hand-over: arena
-  // tensors and CUDA tensors the worker can open by handle go zero-copy, the rest is copied.
-  void tally_inputs(const supervisor::Task& task, const std::string& device) {
-    for (const auto& t : task.inputs) {
-      const auto bytes = static_cast<std::uint64_t>(t.defined() ? t.nbytes() : 0);
-      const bool in_place =
-          is_shared(t) || (t.defined() && t.is_cuda() && device == t.device().str() &&
-                           !detail::is_cuda_received(t));
-      if (in_place) {
-        ++totals.input_tensors_zero_copy;
-        totals.input_bytes_zero_copy += bytes;
-      } else {
-        ++totals.input_tensors_copied;
-        totals.input_bytes_copied += bytes;
-      }
-    }
-  }
-
   // Sends what the book hands over; each hand-over is decided under the lock, sent outside it.
   void dispatch() {
     for (;;) {
@@ -176,7 +157,6 @@ struct Pool::State {
       if (!h) return;
       TensorQueue queue = *pub[h->worker].tasks;  // open workers have one
       const std::string device = workers[h->worker]->device();
-      if (h->first) tally_inputs(*h->task, device);
       const protocol::TaskEnvelope env{h->task->id, h->attempt, h->task->task_index};
       lock.unlock();
       try {
@@ -184,7 +164,16 @@ struct Pool::State {
         message.reserve(h->task->inputs.size() + 1);
         message.push_back(protocol::pack(env));
         message.insert(message.end(), h->task->inputs.begin(), h->task->inputs.end());
-        queue.send(message, kSendTimeout);
+        const SendReport sent = queue.send(message, kSendTimeout);
+        std::lock_guard<std::mutex> relock(mu);
+        if (!h->task->inputs_tallied) {  // inputs as submitted: counted once, as they first went
+          h->task->inputs_tallied = true;
+          const TransferCounts c = sent.counts(1);  // after the envelope
+          totals.input_tensors_zero_copy += c.tensors_zero_copy;
+          totals.input_bytes_zero_copy += c.bytes_zero_copy;
+          totals.input_tensors_copied += c.tensors_copied;
+          totals.input_bytes_copied += c.bytes_copied;
+        }
       } catch (const Error& e) {
         if (e.code() == Errc::closed || e.code() == Errc::peer_dead) {
           continue;  // the worker is going; its exit hands the task back for a retry
@@ -240,7 +229,11 @@ struct Pool::State {
     pid_t pid = -1;
     {
       std::lock_guard<std::mutex> lock(mu);
-      pub[w].process_counts = env;
+      WorkerStats& ws = pub[w].stats;  // even a stale result was sent
+      ws.tensors_zero_copy += env.tensors_zero_copy;
+      ws.bytes_zero_copy += env.bytes_zero_copy;
+      ws.tensors_copied += env.tensors_copied;
+      ws.bytes_copied += env.bytes_copied;
       t = book->complete(w, env.task_id, env.attempt, env.ok, Clock::now());
       pid = pub[w].stats.pid;
       if (t) changed.notify_all();
@@ -299,7 +292,6 @@ struct Pool::State {
       Published& x = pub[w];
       x.tasks = p.tasks();
       x.kill_request.clear();
-      x.process_counts = {};
       x.stats.pid = p.pid();
       x.stats.start = start_name(p.started_by());
       if (x.started_once) ++x.stats.restarts;
@@ -364,11 +356,6 @@ struct Pool::State {
       x.kill_request.clear();
       x.stats.last_exit = how;
       x.stats.pid = -1;
-      x.stats.tensors_zero_copy += x.process_counts.tensors_zero_copy;
-      x.stats.bytes_zero_copy += x.process_counts.bytes_zero_copy;
-      x.stats.tensors_copied += x.process_counts.tensors_copied;
-      x.stats.bytes_copied += x.process_counts.bytes_copied;
-      x.process_counts = {};
       changed.notify_all();
     }
     for (auto& t : lost) {
@@ -784,10 +771,6 @@ PoolStats Pool::stats() const {
     s.tasks_done = c.done;
     s.tasks_failed = c.failed;
     s.tasks_lost = c.lost;
-    s.tensors_zero_copy += x.process_counts.tensors_zero_copy;
-    s.bytes_zero_copy += x.process_counts.bytes_zero_copy;
-    s.tensors_copied += x.process_counts.tensors_copied;
-    s.bytes_copied += x.process_counts.bytes_copied;
     out.workers.push_back(std::move(s));
   }
   return out;

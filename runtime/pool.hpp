@@ -81,7 +81,8 @@ struct WorkerStats {
   std::uint64_t timeouts = 0;  // kills for a task past task_timeout
   std::string last_exit;       // how its last process ended, or its last failed start
   bool given_up = false;       // its starts kept failing: the pool goes on without it
-  // Results sent back by this worker's processes (all of them, across restarts).
+  // Results sent back by this worker's processes (all of them, across restarts), as each
+  // send reported it (TensorQueue::send).
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
 };
@@ -89,7 +90,8 @@ struct WorkerStats {
 struct PoolStats {
   std::vector<WorkerStats> workers;
   std::uint64_t submitted = 0, completed = 0, failed = 0, retried = 0;
-  // Inputs as submitted: in shared memory already (zero-copy) or copied once on hand-over.
+  // Inputs as they first travelled to a worker (TensorQueue::send's report): shared in place
+  // (arena tensors, CUDA tensors the worker opens by handle) or copied once.
   std::uint64_t input_tensors_zero_copy = 0, input_bytes_zero_copy = 0;
   std::uint64_t input_tensors_copied = 0, input_bytes_copied = 0;
 };

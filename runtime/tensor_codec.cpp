@@ -130,7 +130,7 @@ void describe_view(const at::Tensor& t, wire::Record& r) {
 
 Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle> block,
                            Arena& arena) {
-  Outgoing out{wire::make_record(), {}};
+  Outgoing out{wire::make_record(), {}, std::nullopt};
   wire::Record& r = out.record;
   describe_view(shared, r);
   r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cpu);
@@ -156,11 +156,7 @@ void count_copy(CopyReason reason, std::size_t bytes) {
 Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detached) {
   check_sendable(t, index);
   std::shared_ptr<BlockHandle> block = detached ? nullptr : arena_block_of(t);
-  if (block) {
-    bump(counters().tensors_zero_copy);
-    bump(counters().bytes_zero_copy, t.nbytes());
-    return describe_in_arena(t, std::move(block), arena);
-  }
+  if (block) return describe_in_arena(t, std::move(block), arena);
   const CopyReason reason =
       detached         ? CopyReason::detached
       : is_received(t) ? CopyReason::received
@@ -168,9 +164,9 @@ Outgoing encode(const at::Tensor& t, std::size_t index, Arena& arena, bool detac
           ? CopyReason::foreign_arena
           : CopyReason::not_shared;
   at::Tensor shared = copy_to_arena(arena, t);
-  count_copy(reason, t.nbytes());
   Outgoing out = describe_in_arena(shared, arena_block_of(shared), arena);
   out.record.flags = wire::kFlagCopied;
+  out.copied = reason;
   return out;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "ipc/arena.hpp"
 #include "ipc/ledger.hpp"
@@ -60,6 +61,7 @@ void check_sendable(const at::Tensor& t, std::size_t index);
 struct Outgoing {
   wire::Record record;
   Ledger::Lease lease;
+  std::optional<CopyReason> copied;  // why it was copied first; unset when shared in place
 };
 // Describes CPU tensor `index` of a message for sending (copying it first when it cannot be
 // shared in place) and takes a lease on its block.
@@ -70,7 +72,7 @@ Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle
                            Arena& arena);
 // dtype, rank, sizes, strides, storage offset and block_length of `t` into `r`.
 void describe_view(const at::Tensor& t, wire::Record& r);
-// Counts one tensor copied on send, and why.
+// Counts one tensor copied by a receiver, and why (a send counts its own: count_sent()).
 void count_copy(CopyReason reason, std::size_t bytes);
 
 // Copied blocks smaller than this are copied on receipt (FERRY_COPY_ON_RECEIPT_BELOW, read

@@ -147,8 +147,17 @@ TensorQueue TensorQueue::attach(int fd) {
   return TensorQueue(std::move(channel));
 }
 
-void TensorQueue::send(const Tensors& tensors, std::chrono::milliseconds timeout) {
-  send(tensors, SendOptions{false, timeout});
+SendReport TensorQueue::send(const Tensors& tensors, std::chrono::milliseconds timeout) {
+  return send_message(tensors, nullptr, SendOptions{false, timeout});
+}
+
+SendReport TensorQueue::send(const Tensors& tensors, const SendOptions& options) {
+  return send_message(tensors, nullptr, options);
+}
+
+SendReport TensorQueue::send_described(const std::function<at::Tensor(const SendReport&)>& describe,
+                                       const Tensors& body, const SendOptions& options) {
+  return send_message(body, &describe, options);
 }
 
 void TensorQueue::set_receiver(pid_t pid, int cuda_device) noexcept {
@@ -156,11 +165,14 @@ void TensorQueue::set_receiver(pid_t pid, int cuda_device) noexcept {
   receiver_device_ = cuda_device < 0 ? -1 : cuda_device;
 }
 
-void TensorQueue::send(const Tensors& tensors, const SendOptions& options) {
-  const std::chrono::milliseconds timeout = options.timeout;
-  const std::size_t n = std::max<std::size_t>(tensors.size(), 1);
+SendReport TensorQueue::send_message(const Tensors& body,
+                                     const std::function<at::Tensor(const SendReport&)>* describe,
+                                     const SendOptions& options) {
+  const std::size_t first = describe ? 1 : 0;  // where body starts in the message
+  const std::size_t tensors = body.size() + first;
+  const std::size_t n = std::max<std::size_t>(tensors, 1);
   if (n > channel_->capacity()) {
-    throw Error(Errc::invalid_argument, "a message of " + std::to_string(tensors.size()) +
+    throw Error(Errc::invalid_argument, "a message of " + std::to_string(tensors) +
                                             " tensors does not fit a queue of capacity " +
                                             std::to_string(channel_->capacity()) +
                                             "; split it or create a larger queue");
@@ -177,34 +189,45 @@ void TensorQueue::send(const Tensors& tensors, const SendOptions& options) {
     for (const auto& [l, lease] : leases) l->abandon(lease);
   };
   const detail::ReceiverHint to{receiver_pid_, receiver_device_};
+  SendReport report;  // body's tensors
+  report.tensors.resize(body.size());
+  SentTensor header;
+  auto encode = [&](const at::Tensor& t, std::size_t i, SentTensor& sent) {
+    wire::Record& r = records[i];
+    if (t.defined() && t.is_cuda()) {
+      detail::CudaOutgoing o = detail::encode_cuda(t, i, arena, to, options.detached);
+      r = o.record;
+      leases.emplace_back(o.ledger, o.lease);
+      sent.copied = o.copied;
+      sent.cuda = true;
+    } else {
+      detail::Outgoing o = detail::encode(t, i, arena, options.detached);
+      r = o.record;
+      leases.emplace_back(&ledger, o.lease);
+      sent.copied = o.copied;
+    }
+    sent.bytes = t.nbytes();
+    r.msg_index = static_cast<std::uint16_t>(i);
+    r.msg_count = static_cast<std::uint16_t>(tensors);
+  };
   std::uint64_t seq;
   try {
-    if (tensors.empty()) {
+    if (tensors == 0) {
       records[0] = wire::make_record();
       records[0].flags = wire::kFlagEmptyMessage;
     }
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const at::Tensor& t = tensors[i];
-      wire::Record& r = records[i];
-      if (t.defined() && t.is_cuda()) {
-        detail::CudaOutgoing o = detail::encode_cuda(t, i, arena, to, options.detached);
-        r = o.record;
-        leases.emplace_back(o.ledger, o.lease);
-      } else {
-        detail::Outgoing o = detail::encode(t, i, arena, options.detached);
-        r = o.record;
-        leases.emplace_back(&ledger, o.lease);
-      }
-      r.msg_index = static_cast<std::uint16_t>(i);
-      r.msg_count = static_cast<std::uint16_t>(tensors.size());
-    }
-    seq = channel_->push(records.data(), static_cast<std::uint32_t>(n), timeout);
+    for (std::size_t i = 0; i < body.size(); ++i) encode(body[i], first + i, report.tensors[i]);
+    if (describe) encode((*describe)(report), 0, header);
+    seq = channel_->push(records.data(), static_cast<std::uint32_t>(n), options.timeout);
   } catch (...) {
     abandon();
     throw;
   }
   for (const auto& [l, lease] : leases) l->route(lease, channel_, seq);
+  detail::count_sent(report);
+  if (describe) detail::count_sent(SendReport{{header}});
   detail::bump(detail::counters().messages_sent);
+  return report;
 }
 
 Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {

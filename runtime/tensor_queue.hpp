@@ -21,12 +21,14 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "ipc/channel.hpp"
 #include "ipc/error.hpp"
+#include "ipc/stats.hpp"
 
 namespace ferry {
 
@@ -51,11 +53,18 @@ class TensorQueue {
     std::chrono::milliseconds timeout = kForever;
   };
 
-  // Sends one message. Blocks while the queue is full, up to `timeout` (kForever: until room,
-  // close, or every receiver has exited). Throws ferry::Error: timeout, closed, peer_dead,
+  // Sends one message and reports how each of its tensors travelled (shared in place, or copied
+  // and why). Blocks while the queue is full, up to `timeout` (kForever: until room, close, or
+  // every receiver has exited). Throws ferry::Error: timeout, closed, peer_dead,
   // invalid_argument (a tensor not on CPU or CUDA, sparse, rank over 12, too many tensors).
-  void send(const Tensors& tensors, std::chrono::milliseconds timeout = kForever);
-  void send(const Tensors& tensors, const SendOptions& options);
+  SendReport send(const Tensors& tensors, std::chrono::milliseconds timeout = kForever);
+  SendReport send(const Tensors& tensors, const SendOptions& options);
+
+  // Sends `body` behind a first tensor that `describe` makes from the report of how `body`
+  // travels, so that a message can say what its own sending did (a pool worker's result
+  // envelope counts its results this way). Returns the report of `body` alone.
+  SendReport send_described(const std::function<at::Tensor(const SendReport&)>& describe,
+                            const Tensors& body, const SendOptions& options);
 
   // Tells this sender who receives, when one process does (a pool and its worker): `pid`, and
   // its CUDA device, or -1 for a process that cannot use CUDA. CUDA tensors are then copied
@@ -80,6 +89,9 @@ class TensorQueue {
 
  private:
   explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
+  SendReport send_message(const Tensors& body,
+                          const std::function<at::Tensor(const SendReport&)>* describe,
+                          const SendOptions& options);
   std::shared_ptr<Channel> channel_;
   pid_t receiver_pid_ = 0;
   int receiver_device_ = -2;  // unknown

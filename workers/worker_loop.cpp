@@ -19,7 +19,6 @@
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/env.hpp"
 #include "ipc/log.hpp"
-#include "runtime/cuda_transport.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/worker_launch.hpp"
 #include "runtime/worker_protocol.hpp"
@@ -61,13 +60,9 @@ std::string device_problem(const std::string& device) {
   return "";
 }
 
-struct Tally {
-  std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0, tensors_copied = 0, bytes_copied = 0;
-};
-
 // Runs one task message and sends its result or its error back.
 void handle(const Tensors& message, const protocol::Hello& hello,
-            const std::vector<std::string>& names, TensorQueue& results, Tally& tally) {
+            const std::vector<std::string>& names, TensorQueue& results) {
   const protocol::TaskEnvelope env = protocol::unpack_task(message.at(0));
   protocol::ResultEnvelope reply;
   reply.task_id = env.task_id;
@@ -104,40 +99,29 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   } catch (...) {
     error = "threw something that is not a std::exception";
   }
-  Tensors reply_message;
-  if (error.empty()) {
-    for (const auto& t : out) {
-      const auto bytes = static_cast<std::uint64_t>(t.nbytes());
-      // A CUDA result goes back by handle unless it is an input handed straight back.
-      if (is_shared(t) || (t.is_cuda() && !detail::is_cuda_received(t))) {
-        ++tally.tensors_zero_copy;
-        tally.bytes_zero_copy += bytes;
-      } else {
-        ++tally.tensors_copied;
-        tally.bytes_copied += bytes;
-      }
-    }
-  } else {
-    reply.ok = false;
-  }
-  reply.tensors_zero_copy = tally.tensors_zero_copy;
-  reply.bytes_zero_copy = tally.bytes_zero_copy;
-  reply.tensors_copied = tally.tensors_copied;
-  reply.bytes_copied = tally.bytes_copied;
-  reply_message.push_back(protocol::pack(reply));
-  if (error.empty()) {
-    reply_message.insert(reply_message.end(), out.begin(), out.end());
-  } else {
-    reply_message.push_back(protocol::text_tensor(error));
-  }
   try {
-    results.send(reply_message);  // ends with peer_dead if the supervisor dies meanwhile
+    if (!error.empty()) {
+      reply.ok = false;
+      results.send({protocol::pack(reply), protocol::text_tensor(error)});
+    } else {
+      // The envelope counts how this message's results travel, as the send itself reports it.
+      results.send_described(
+          [&](const SendReport& sent) {
+            const TransferCounts c = sent.counts();
+            reply.tensors_zero_copy = c.tensors_zero_copy;
+            reply.bytes_zero_copy = c.bytes_zero_copy;
+            reply.tensors_copied = c.tensors_copied;
+            reply.bytes_copied = c.bytes_copied;
+            return protocol::pack(reply);
+          },
+          out, TensorQueue::SendOptions{});  // ends with peer_dead if the supervisor dies
+    }
   } catch (const Error& e) {
     if (!error.empty() || e.code() == Errc::peer_dead || e.code() == Errc::closed) throw;
     // The results cannot travel (shared memory full, too many tensors out): the task fails with
     // that error, which names the sizes and the remedy, instead of this worker dying for it and
     // the next one with it. The error's own message is small enough to fit where they did not.
-    reply.ok = false;
+    reply = protocol::ResultEnvelope{env.task_id, env.attempt, false};  // nothing was sent
     results.send({protocol::pack(reply),
                   protocol::text_tensor("its results could not be sent back: " + e.detail())});
   }
@@ -185,7 +169,6 @@ int serve_tasks(int control) {
   send_control(control, protocol::encode(welcome));
   log().debug("worker {} (pid {}) serving on {}", hello.worker_id, ::getpid(), hello.device);
 
-  Tally tally;
   for (;;) {
     std::optional<Tensors> message;
     try {
@@ -199,7 +182,7 @@ int serve_tasks(int control) {
       continue;
     }
     try {
-      handle(*message, hello, welcome.tasks, results, tally);
+      handle(*message, hello, welcome.tasks, results);
     } catch (const Error& e) {
       if (e.code() == Errc::peer_dead || e.code() == Errc::closed) return kWorkerSupervisorGone;
       throw;

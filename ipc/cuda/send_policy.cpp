@@ -24,15 +24,21 @@ Decision decide(const SendFacts& f) noexcept {
   auto copy = [](Route r, CopyReason why) { return Decision{r, why}; };
   const Receiver& to = f.receiver;
   if (to.known && !to.cuda) return copy(Route::host_only, CopyReason::cpu_receiver);
+  if (f.empty) return copy(Route::host_copy, CopyReason::empty);
   if (!f.ledger_has_room) return copy(Route::host_copy, CopyReason::ledger_full);
   if (to.known && to.cannot_open) return copy(Route::host_copy, CopyReason::peer_cannot_open);
-  if (f.detached) return copy(Route::device_copy, CopyReason::detached);
-  if (f.received) return copy(Route::device_copy, CopyReason::received);
-  if (to.known && to.same_process) return copy(Route::device_copy, CopyReason::same_process);
-  if (f.block.kind != MemoryKind::device || !f.block.legacy_ipc) {
-    return copy(Route::device_copy, CopyReason::not_exportable);
+  std::optional<CopyReason> why;
+  if (f.detached) {
+    why = CopyReason::detached;
+  } else if (f.received) {
+    why = CopyReason::received;
+  } else if (to.known && to.same_process) {
+    why = CopyReason::same_process;
+  } else if (f.block.kind != MemoryKind::device || !f.block.legacy_ipc) {
+    why = CopyReason::not_exportable;
   }
-  return {Route::zero_copy, std::nullopt};
+  if (!why) return {Route::zero_copy, std::nullopt};
+  return copy(f.copies_exportable ? Route::device_copy : Route::host_copy, *why);
 }
 
 }  // namespace ferry::cuda

@@ -21,11 +21,16 @@ struct Receiver {
   bool cannot_open = false;
 };
 
+// Everything the decision depends on, gathered by the caller (runtime/cuda_transport.cpp).
 struct SendFacts {
+  bool empty = false;           // no bytes, so no allocation to export
   bool detached = false;        // the caller asked for a copy
   bool received = false;        // the tensor was itself received from a peer
-  BlockInfo block;              // what the driver says about its memory
-  bool ledger_has_room = true;  // a CUDA lease slot is free
+  BlockInfo block;              // what the driver says about its memory (unset when empty)
+  bool ledger_has_room = true;  // a CUDA lease slot is free (or one ended and can be reclaimed)
+  // A fresh block from LibTorch's allocator on the tensor's device can be exported, so a copy
+  // on the device can travel by handle (not so with expandable segments).
+  bool copies_exportable = true;
   Receiver receiver;
 };
 
@@ -42,10 +47,11 @@ struct Decision {
   std::optional<CopyReason> reason;  // set for every route but zero_copy
 };
 
-// The rules, first match wins: a CPU-only receiver gets a CPU tensor; detached, received,
-// same-process and unexportable memory are copied on the device; a receiver that cannot open
-// the block, and a full ledger, go through the CPU transport (a device copy would need the same
-// open or another lease).
+// The rules, first match wins: a CPU-only receiver gets a CPU tensor; an empty tensor, a
+// receiver that cannot open the block and a full ledger go through the CPU transport (there is
+// nothing to export, or a device copy would need the same open or another lease); detached,
+// received, same-process and unexportable memory are copied on the device, or through the CPU
+// transport where the device's fresh blocks cannot be exported either.
 Decision decide(const SendFacts& f) noexcept;
 
 // "device", "managed", ... for messages.

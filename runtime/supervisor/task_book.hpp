@@ -49,6 +49,8 @@ struct Task {
   int worker = -1;             // where the current attempt is; -1 while pending
   int last_worker = -1;        // where the last attempt was lost: avoided for the retry
   std::string lost_because;    // the last loss, in words
+  // Kept by the pool: how its inputs travelled was counted (at the first send that went through).
+  bool inputs_tallied = false;
 };
 using TaskPtr = std::shared_ptr<Task>;
 

@@ -1,5 +1,5 @@
-// The CUDA allocation-lifetime tracker's decisions, on every machine: which route a tensor
-// takes and why, what the import cache opens, reuses and closes, when an event may be recorded
+// The CUDA allocation-lifetime tracker's decisions, on every machine (the send policy has its
+// own file): what the import cache opens, reuses and closes, when an event may be recorded
 // again, and how leases per (block, peer) end, with real processes and real shared memory.
 // The CUDA calls these decisions drive are tested on a GPU (test/runtime/cuda_transport_test).
 #include <signal.h>
@@ -19,7 +19,6 @@
 #include "ipc/cuda/export_cache.hpp"
 #include "ipc/cuda/identity.hpp"
 #include "ipc/cuda/import_cache.hpp"
-#include "ipc/cuda/send_policy.hpp"
 #include "ipc/error.hpp"
 #include "ipc/ledger.hpp"
 #include "ipc/process.hpp"
@@ -32,22 +31,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
-SendFacts exportable() {
-  SendFacts f;
-  f.block.kind = MemoryKind::device;
-  f.block.legacy_ipc = true;
-  f.block.device = 0;
-  f.block.base = 0x7f0000000000;
-  f.block.size = 2 << 20;
-  f.block.buffer_id = 1;
-  return f;
-}
-
-Receiver known_gpu_peer() {
-  Receiver r;
-  r.known = true;
-  r.cuda = true;
-  return r;
+// A device allocation legacy IPC can export.
+BlockInfo exportable_block() {
+  BlockInfo b;
+  b.kind = MemoryKind::device;
+  b.legacy_ipc = true;
+  b.device = 0;
+  b.base = 0x7f0000000000;
+  b.size = 2 << 20;
+  b.buffer_id = 1;
+  return b;
 }
 
 BlockKey key(std::uint64_t base, std::uint64_t buffer_id, pid_t pid = 1000) {
@@ -83,77 +76,6 @@ struct LeaseMsg {
 };
 
 }  // namespace
-
-TEST_CASE("send policy: zero-copy only when every rule allows it, else the reason", "[cuda]") {
-  auto route_of = [](const SendFacts& f) { return decide(f); };
-
-  SECTION("an exportable block to a receiver that can open it travels zero-copy") {
-    Decision d = route_of(exportable());
-    CHECK(d.route == Route::zero_copy);
-    CHECK_FALSE(d.reason.has_value());
-    SendFacts f = exportable();
-    f.receiver = known_gpu_peer();
-    CHECK(route_of(f).route == Route::zero_copy);
-  }
-  SECTION("same process, re-export and detached sends copy on the device") {
-    SendFacts f = exportable();
-    f.receiver = known_gpu_peer();
-    f.receiver.same_process = true;
-    CHECK(route_of(f).route == Route::device_copy);
-    CHECK(route_of(f).reason == CopyReason::same_process);
-    f = exportable();
-    f.received = true;
-    CHECK(route_of(f).route == Route::device_copy);
-    CHECK(route_of(f).reason == CopyReason::received);
-    f = exportable();
-    f.detached = true;
-    CHECK(route_of(f).reason == CopyReason::detached);
-  }
-  SECTION("memory that cannot be exported is copied into a fresh block") {
-    for (MemoryKind k : {MemoryKind::managed, MemoryKind::pool, MemoryKind::vmm, MemoryKind::host,
-                         MemoryKind::unknown}) {
-      SendFacts f = exportable();
-      f.block.kind = k;
-      INFO(memory_kind_name(k));
-      CHECK(route_of(f).route == Route::device_copy);
-      CHECK(route_of(f).reason == CopyReason::not_exportable);
-    }
-    SendFacts f = exportable();
-    f.block.legacy_ipc = false;  // device memory the driver says has no legacy IPC
-    CHECK(route_of(f).reason == CopyReason::not_exportable);
-  }
-  SECTION("a receiver that cannot open it, and a full ledger, go through shared memory") {
-    SendFacts f = exportable();
-    f.receiver = known_gpu_peer();
-    f.receiver.cannot_open = true;
-    CHECK(route_of(f).route == Route::host_copy);
-    CHECK(route_of(f).reason == CopyReason::peer_cannot_open);
-    f = exportable();
-    f.ledger_has_room = false;
-    CHECK(route_of(f).route == Route::host_copy);
-    CHECK(route_of(f).reason == CopyReason::ledger_full);
-  }
-  SECTION("a CPU-only receiver gets a CPU tensor, whatever else holds") {
-    SendFacts f = exportable();
-    f.receiver.known = true;
-    f.receiver.cuda = false;
-    f.detached = true;
-    f.ledger_has_room = false;
-    CHECK(route_of(f).route == Route::host_only);
-    CHECK(route_of(f).reason == CopyReason::cpu_receiver);
-  }
-  SECTION("an unknown receiver (a shared queue) is assumed able to open") {
-    SendFacts f = exportable();
-    f.receiver.cannot_open = true;  // only meaningful when the receiver is known
-    f.receiver.same_process = true;
-    CHECK(route_of(f).route == Route::zero_copy);
-  }
-  SECTION("every reason has a name for statistics") {
-    for (int r = 0; r < static_cast<int>(CopyReason::count_); ++r) {
-      CHECK(std::string(copy_reason_name(static_cast<CopyReason>(r))) != "unknown");
-    }
-  }
-}
 
 TEST_CASE("import cache: a block is opened once and every tensor from it is a view", "[cuda]") {
   ImportCache c;
@@ -300,7 +222,7 @@ TEST_CASE("import cache: a failed open leaves nothing behind; owner death marks 
 TEST_CASE("export cache: one handle per allocation; a new allocation at the address gets its own",
           "[cuda]") {
   ExportCache c;
-  BlockInfo b = exportable().block;
+  BlockInfo b = exportable_block();
   CHECK(c.find(b) == nullptr);
   IpcHandle h{};
   h[0] = 1;

@@ -380,6 +380,13 @@ TEST_CASE("statistics count results zero-copied and copied, per worker") {
   CHECK(w.tensors_copied == 1);
   CHECK(w.bytes_copied == 256 * 4);
   CHECK(w.tasks_done == 2);
+  // Inputs, as their send reported: the ordinary one copied, one in shared memory not.
+  pool.submit("square", {ferry::empty_shared({8}, at::kFloat).fill_(2)}).get();
+  const PoolStats s = pool.stats();
+  CHECK(s.input_tensors_copied == 1);
+  CHECK(s.input_bytes_copied == 256 * 4);
+  CHECK(s.input_tensors_zero_copy == 1);
+  CHECK(s.input_bytes_zero_copy == 8 * 4);
 }
 
 TEST_CASE("configuration reaches every task's context") {

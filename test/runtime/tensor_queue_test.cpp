@@ -149,6 +149,59 @@ TEST_CASE("copy-on-send is counted with its reason, and forwarding a received te
   REQUIRE(after.bytes_copied - before.bytes_copied == 2 * ones.nbytes());
 }
 
+TEST_CASE("send reports how each tensor travelled: shared in place, or copied and why", "[queue]") {
+  auto q = TensorQueue::create({8});
+  const at::Tensor shared = ferry::empty_shared({1024}, at::kFloat).fill_(1);
+  const at::Tensor ordinary = at::ones({100}, at::kDouble);
+  const ferry::SendReport r = q.send({shared, ordinary}, 5s);
+  REQUIRE(r.tensors.size() == 2);
+  CHECK_FALSE(r.tensors[0].copied.has_value());
+  CHECK(r.tensors[0].bytes == 4096);
+  REQUIRE(r.tensors[1].copied.has_value());
+  CHECK(*r.tensors[1].copied == ferry::CopyReason::not_shared);
+  CHECK(r.tensors[1].bytes == 800);
+  const ferry::TransferCounts c = r.counts();
+  CHECK(c.tensors_zero_copy == 1);
+  CHECK(c.bytes_zero_copy == 4096);
+  CHECK(c.tensors_copied == 1);
+  CHECK(c.bytes_copied == 800);
+  CHECK(c.copies_by_reason[static_cast<int>(ferry::CopyReason::not_shared)] == 1);
+  CHECK(r.counts(1).tensors_zero_copy == 0);  // a caller's header can be left out
+
+  TensorQueue::SendOptions detached;
+  detached.detached = true;
+  detached.timeout = 5s;
+  const ferry::SendReport d = q.send({shared}, detached);
+  REQUIRE(d.tensors.size() == 1);
+  CHECK(d.tensors[0].copied == ferry::CopyReason::detached);
+  CHECK(q.recv(5s).size() == 2);
+  CHECK(q.recv(5s)[0].equal(shared));
+}
+
+TEST_CASE("send_described puts first a tensor made from how the rest travelled", "[queue]") {
+  auto q = TensorQueue::create({8});
+  const at::Tensor shared = ferry::empty_shared({16}, at::kInt).fill_(7);
+  const at::Tensor ordinary = at::arange(32, at::kLong);
+  const auto before = ferry::transport_stats();
+  const ferry::SendReport r = q.send_described(
+      [](const ferry::SendReport& body) {
+        const ferry::TransferCounts c = body.counts();
+        return at::tensor({static_cast<std::int64_t>(c.bytes_zero_copy),
+                           static_cast<std::int64_t>(c.bytes_copied)});
+      },
+      {shared, ordinary}, TensorQueue::SendOptions{});
+  CHECK(r.tensors.size() == 2);  // the body's report; the header is not in it
+  Tensors got = q.recv(5s);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0][0].item<std::int64_t>() == 64);   // the shared tensor's bytes
+  CHECK(got[0][1].item<std::int64_t>() == 256);  // the ordinary one's
+  CHECK(got[1].equal(shared));
+  CHECK(got[2].equal(ordinary));
+  const auto after = ferry::transport_stats();
+  CHECK(after.tensors_copied - before.tensors_copied == 2);  // the ordinary tensor and the header
+  CHECK(after.tensors_zero_copy - before.tensors_zero_copy == 1);
+}
+
 TEST_CASE("a detached send copies even a shared tensor, so the receiver's view is its own",
           "[queue]") {
   auto q = TensorQueue::create({4});
