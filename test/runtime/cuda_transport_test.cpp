@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -230,10 +231,14 @@ TEST_CASE("a re-exported tensor is copied by the process that forwards it", "[gp
 
 // Sends `x` through `q` to this same process and returns what arrives, checking that one copy
 // was counted for `reason` and that the values (not the memory) are x's.
+// by_sender: the sender copies (and its send reports why); else the receiver does.
 at::Tensor round_trip_copy(TensorQueue q, const at::Tensor& x, CopyReason reason,
-                           const TensorQueue::SendOptions& opt) {
+                           const TensorQueue::SendOptions& opt, bool by_sender = true) {
   const auto before = reason_count(reason);
-  q.send({x}, opt);
+  const SendReport sent = q.send({x}, opt);
+  REQUIRE(sent.tensors.size() == 1);
+  CHECK(sent.tensors[0].cuda);
+  CHECK(sent.tensors[0].copied == (by_sender ? std::optional<CopyReason>(reason) : std::nullopt));
   at::Tensor y = q.recv(60s)[0];
   CHECK(reason_count(reason) == before + 1);
   CHECK(y.data_ptr() != x.data_ptr());
@@ -254,7 +259,8 @@ TEST_CASE("same-process, CPU-only and detached sends copy, each with its reason"
   }
   {
     INFO("a shared queue read back by its sender: the receiver copies");
-    CHECK(round_trip_copy(TensorQueue::create({4}), x, CopyReason::same_process, opt).is_cuda());
+    CHECK(round_trip_copy(TensorQueue::create({4}), x, CopyReason::same_process, opt, false)
+              .is_cuda());
   }
   {
     INFO("a CPU-only receiver gets a CPU tensor through shared memory");
@@ -267,6 +273,15 @@ TEST_CASE("same-process, CPU-only and detached sends copy, each with its reason"
     TensorQueue::SendOptions detached = opt;
     detached.detached = true;
     CHECK(round_trip_copy(TensorQueue::create({4}), x, CopyReason::detached, detached).is_cuda());
+  }
+  {
+    INFO("an empty tensor has nothing to export: it crosses as a record, and arrives on the GPU");
+    auto q = TensorQueue::create({4});
+    const SendReport sent = q.send({at::empty({0, 3}, kCuda)}, opt);
+    CHECK(sent.tensors.at(0).copied == CopyReason::empty);
+    const at::Tensor y = q.recv(60s).at(0);
+    CHECK(y.is_cuda());
+    CHECK(y.sizes() == at::IntArrayRef({0, 3}));
   }
 }
 
