@@ -7,7 +7,7 @@ CMAKE_ARGS ?=
 # Tests run with one job per core; the kill-loop tests start many processes each.
 CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
 
-.PHONY: all deps configure build run test bench soak asan tsan install-check clean
+.PHONY: all deps configure build run test bench soak asan tsan api-check install-check clean
 
 all: build
 
@@ -53,5 +53,18 @@ tsan:
 	  if [ -n "$$races" ]; then echo "ThreadSanitizer reports in: $$races"; exit 1; fi; \
 	  exit $$rc
 
+# Every source (libraries, tools, workers, tests, benchmarks, CUDA) compiled with -fsyntax-only and
+# the build's own warnings against a newer LibTorch's headers, Debian trixie's libtorch-dev 2.6, as
+# C++17 and as C++20. The package is fetched once into $(API_BUILD) (private apt state, nothing
+# installed); later runs work offline and skip sources unchanged since they passed.
+API_BUILD ?= build-api
+API_STDS ?= c++17 c++20
+api-check: deps
+	@tools/fetch-debian-packages.sh $(API_BUILD)/trixie trixie libtorch-dev
+	@cmake -S . -B $(API_BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_API_CHECK=ON $(CMAKE_ARGS) \
+	  >$(API_BUILD)/configure.log 2>&1 || { cat $(API_BUILD)/configure.log; exit 1; }
+	@python3 tools/api_check.py --build $(API_BUILD) --torch-include $(API_BUILD)/trixie/root/usr/include \
+	  $(foreach s,$(API_STDS),--std $(s)) -j $(JOBS)
+
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan $(API_BUILD)

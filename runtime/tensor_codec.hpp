@@ -27,6 +27,9 @@ namespace detail {
 // A block of an arena, shared by the tensor storage that owns it and each lease on it; it goes
 // back to the arena when the last of them lets go.
 struct BlockHandle {
+  // A constructor, not aggregate initialisation: C++20 no longer counts a class with
+  // user-declared constructors (the deleted copies below) as an aggregate.
+  BlockHandle(Arena* a, Arena::Block b) : arena(a), block(b) {}
   Arena* arena;
   Arena::Block block;
   ~BlockHandle() { arena->free(block); }

@@ -74,7 +74,9 @@ std::vector<std::string> default_devices() {
   std::vector<std::string> d(cores, "cpu");
   // Asking initialises CUDA here when there is a GPU; the pool then spawns instead of forking.
   if (torch::cuda::is_available()) {
-    for (std::size_t i = 0; i < torch::cuda::device_count(); ++i) {
+    // device_count() is a size_t in LibTorch 1.x and a signed c10::DeviceIndex in 2.x.
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    for (int i = 0; i < gpus; ++i) {
       d.push_back("cuda:" + std::to_string(i));
     }
   }
