@@ -67,21 +67,19 @@ TransferCounts SendReport::counts(std::size_t from) const noexcept {
 
 namespace detail {
 
-void count_sent(const SendReport& r) noexcept {
+void count_sent(const SentTensor& t) noexcept {
   auto& c = counters();
-  for (const SentTensor& t : r.tensors) {
-    if (t.copied) {
-      bump(c.tensors_copied);
-      bump(c.bytes_copied, t.bytes);
-      bump(c.copies_by_reason[static_cast<int>(*t.copied)]);
-    } else {
-      bump(c.tensors_zero_copy);
-      bump(c.bytes_zero_copy, t.bytes);
-      if (t.cuda) {
-        bump(c.cuda_tensors_zero_copy);
-        bump(c.cuda_bytes_zero_copy, t.bytes);
-      }
-    }
+  if (t.copied) {
+    bump(c.tensors_copied);
+    bump(c.bytes_copied, t.bytes);
+    bump(c.copies_by_reason[static_cast<int>(*t.copied)]);
+    return;
+  }
+  bump(c.tensors_zero_copy);
+  bump(c.bytes_zero_copy, t.bytes);
+  if (t.cuda) {
+    bump(c.cuda_tensors_zero_copy);
+    bump(c.cuda_bytes_zero_copy, t.bytes);
   }
 }
 

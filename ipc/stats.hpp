@@ -101,8 +101,8 @@ StatCounters& counters() noexcept;
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
   c.fetch_add(n, std::memory_order_relaxed);
 }
-// Counts what a send did, once its message is in the queue.
-void count_sent(const SendReport& r) noexcept;
+// Counts a tensor a send put in the queue.
+void count_sent(const SentTensor& t) noexcept;
 }  // namespace detail
 
 }  // namespace ferry

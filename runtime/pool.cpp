@@ -158,6 +158,7 @@ struct Pool::State {
       TensorQueue queue = *pub[h->worker].tasks;  // open workers have one
       const std::string device = workers[h->worker]->device();
       const protocol::TaskEnvelope env{h->task->id, h->attempt, h->task->task_index};
+      const bool tally = !h->task->inputs_tallied;  // one hand-over of a task at a time
       lock.unlock();
       try {
         Tensors message;
@@ -165,8 +166,9 @@ struct Pool::State {
         message.push_back(protocol::pack(env));
         message.insert(message.end(), h->task->inputs.begin(), h->task->inputs.end());
         const SendReport sent = queue.send(message, kSendTimeout);
-        std::lock_guard<std::mutex> relock(mu);
-        if (!h->task->inputs_tallied) {  // inputs as submitted: counted once, as they first went
+        // Inputs as submitted: counted once, at the first send that went through.
+        if (tally) {
+          std::lock_guard<std::mutex> relock(mu);
           h->task->inputs_tallied = true;
           const TransferCounts c = sent.counts(1);  // after the envelope
           totals.input_tensors_zero_copy += c.tensors_zero_copy;

@@ -224,8 +224,8 @@ SendReport TensorQueue::send_message(const Tensors& body,
     throw;
   }
   for (const auto& [l, lease] : leases) l->route(lease, channel_, seq);
-  detail::count_sent(report);
-  if (describe) detail::count_sent(SendReport{{header}});
+  for (const SentTensor& t : report.tensors) detail::count_sent(t);
+  if (describe) detail::count_sent(header);
   detail::bump(detail::counters().messages_sent);
   return report;
 }
