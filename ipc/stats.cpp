@@ -48,17 +48,6 @@ void TransferCounts::add(const SentTensor& t) noexcept {
   }
 }
 
-TransferCounts& TransferCounts::operator+=(const TransferCounts& o) noexcept {
-  tensors_zero_copy += o.tensors_zero_copy;
-  bytes_zero_copy += o.bytes_zero_copy;
-  tensors_copied += o.tensors_copied;
-  bytes_copied += o.bytes_copied;
-  for (int i = 0; i < static_cast<int>(CopyReason::count_); ++i) {
-    copies_by_reason[i] += o.copies_by_reason[i];
-  }
-  return *this;
-}
-
 TransferCounts SendReport::counts(std::size_t from) const noexcept {
   TransferCounts c;
   for (std::size_t i = from; i < tensors.size(); ++i) c.add(tensors[i]);

@@ -67,7 +67,6 @@ struct TransferCounts {
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
   std::uint64_t copies_by_reason[static_cast<int>(CopyReason::count_)] = {};
   void add(const SentTensor& t) noexcept;
-  TransferCounts& operator+=(const TransferCounts& o) noexcept;
 };
 
 // What TensorQueue::send did with a message: each tensor in order.
