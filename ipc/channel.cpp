@@ -32,7 +32,7 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: max_messages and the message count
 constexpr std::uint32_t kProducer = 1;
 constexpr std::uint32_t kConsumer = 2;
 constexpr std::size_t kParticipants = 32;
@@ -71,11 +71,16 @@ struct RingHeader {
   std::uint32_t capacity;
   std::uint32_t record_size;  // already rounded up to 8
   std::uint32_t slot_size;    // kSlotHeader + record_size
+  std::uint32_t max_messages;  // 0: unbounded
   pthread_mutex_t mutex;
   // head and tail are positions since creation; each changes only by the single commit store at
   // the end of a critical section.
   alignas(64) std::atomic<std::uint64_t> head;
   std::atomic<std::uint64_t> tail;
+  // Messages between head and tail. Written under the lock just before the commit store, so a
+  // process dying between the two leaves it off by one: the next locker recounts it from the
+  // slots (recount_messages), which only committed state determines.
+  std::atomic<std::uint32_t> messages;
   alignas(64) std::atomic<std::uint32_t> not_empty_seq;
   std::atomic<std::uint32_t> not_full_seq;
   // Processes asleep (or about to sleep) on each futex word: a wake is a syscall, so it is made
@@ -105,6 +110,23 @@ void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* wait
 }
 
 constexpr std::size_t kHeaderBytes = (sizeof(RingHeader) + 63) / 64 * 64;
+
+// The messages between head and tail, read from the first slot of each (its record count).
+// Called with the lock held, after a previous owner died holding it.
+void recount_messages(RingHeader* h) noexcept {
+  const auto* slots = reinterpret_cast<const std::byte*>(h) + kHeaderBytes;
+  const std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
+  std::uint64_t at = h->head.load(std::memory_order_relaxed);
+  std::uint32_t n = 0;
+  while (at < tail) {
+    std::uint32_t count = 0;
+    std::memcpy(&count, slots + (at % h->capacity) * h->slot_size, sizeof count);
+    if (count == 0) break;  // corrupt: pop reports it
+    at += count;
+    ++n;
+  }
+  h->messages.store(n, std::memory_order_relaxed);
+}
 
 // Deadline arithmetic shared by push and pop; kForever (any negative timeout) never expires.
 class Deadline {
@@ -162,9 +184,9 @@ int lock_for(pthread_mutex_t* mutex, std::chrono::nanoseconds slice) {
 // woken. A sliced wait turns that lost wake-up into a delay of at most one slice.
 class RingLock {
  public:
-  RingLock(pthread_mutex_t* mutex, const Deadline& deadline, const char* op,
+  RingLock(RingHeader* h, const Deadline& deadline, const char* op,
            std::chrono::milliseconds timeout)
-      : mutex_(mutex) {
+      : mutex_(&h->mutex) {
     int rc;
     for (;;) {
       rc = lock_for(mutex_, kWaitSlice);
@@ -182,6 +204,7 @@ class RingLock {
         pthread_mutex_unlock(mutex_);
         throw_errno(Errc::system, "pthread_mutex_consistent on the channel lock", rc);
       }
+      recount_messages(h);
     } else if (rc == ENOTRECOVERABLE) {
       throw Error(Errc::system,
                   "the channel lock is unrecoverable (a previous owner died and its recovery "
@@ -241,6 +264,7 @@ std::shared_ptr<Channel> Channel::create(const Options& options) {
   h->capacity = options.capacity;
   h->record_size = static_cast<std::uint32_t>(record_size);
   h->slot_size = static_cast<std::uint32_t>(slot_size);
+  h->max_messages = options.max_messages;
 
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
@@ -375,13 +399,15 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
     bool pushed = false;
     std::uint64_t seq = 0;
     {
-      RingLock lock(&h->mutex, deadline, "push", timeout);
+      RingLock lock(h, deadline, "push", timeout);
       if (h->closed.load(std::memory_order_acquire)) {
         throw Error(Errc::closed, "push on a closed channel");
       }
       const std::uint64_t head = h->head.load(std::memory_order_relaxed);
       const std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
-      if (h->capacity - (tail - head) >= count) {
+      const std::uint32_t messages = h->messages.load(std::memory_order_relaxed);
+      const bool message_room = h->max_messages == 0 || messages < h->max_messages;
+      if (message_room && h->capacity - (tail - head) >= count) {
         // Only slots past tail are written before the commit, so dying here publishes nothing.
         for (std::uint32_t i = 0; i < count; ++i) {
           std::byte* s = slot(tail + i);
@@ -389,6 +415,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
           std::memcpy(s, &slot_count, sizeof slot_count);
           std::memcpy(s + kSlotHeader, src + std::size_t{i} * h->record_size, h->record_size);
         }
+        h->messages.store(messages + 1, std::memory_order_relaxed);
         h->tail.store(tail + count, std::memory_order_release);
         pushed = true;
         seq = tail;
@@ -402,7 +429,9 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       throw Error(Errc::timeout,
                   "push of " + std::to_string(count) + " records timed out after " +
                       ms_text(timeout) + ": the channel (capacity " + std::to_string(h->capacity) +
-                      " records) stayed full; consumers are not keeping up: pop faster, add "
+                      " records" +
+                      (h->max_messages ? ", " + std::to_string(h->max_messages) + " messages" : "") +
+                      ") stayed full; consumers are not keeping up: pop faster, add "
                       "consumers, pass a longer timeout, or create the channel with a larger "
                       "capacity");
     }
@@ -424,7 +453,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
     const std::uint32_t seen = h->not_empty_seq.load(std::memory_order_acquire);
     std::uint32_t popped = 0;
     {
-      RingLock lock(&h->mutex, deadline, "pop", timeout);
+      RingLock lock(h, deadline, "pop", timeout);
       const std::uint64_t head = h->head.load(std::memory_order_relaxed);
       const std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
       if (tail != head) {
@@ -443,6 +472,8 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
         }
         // A throwing claim propagates before the commit: the message stays for the next pop.
         if (claim) claim(out.data(), count, head);
+        const std::uint32_t messages = h->messages.load(std::memory_order_relaxed);
+        h->messages.store(messages > 0 ? messages - 1 : 0, std::memory_order_relaxed);
         h->head.store(head + count, std::memory_order_release);
         popped = count;
       } else if (h->closed.load(std::memory_order_acquire)) {
@@ -498,6 +529,14 @@ std::uint32_t Channel::size() const noexcept {
   const std::uint64_t head = h->head.load(std::memory_order_acquire);
   const std::uint64_t tail = h->tail.load(std::memory_order_acquire);
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, h->capacity));
+}
+
+std::uint32_t Channel::messages() const noexcept {
+  return std::min(header()->messages.load(std::memory_order_acquire), header()->capacity);
+}
+
+std::uint32_t Channel::max_messages() const noexcept {
+  return header()->max_messages;
 }
 
 int Channel::fd() const noexcept {

@@ -33,6 +33,9 @@ class Channel {
   struct Options {
     std::uint32_t capacity = 64;     // records the ring holds; a message takes one per record
     std::uint32_t record_size = 64;  // bytes of each record (rounded up to 8)
+    // Messages the ring holds at most, whatever their size; 0: only `capacity` bounds it. A
+    // queue of Python objects is bounded in messages (Queue(maxsize)), not in records.
+    std::uint32_t max_messages = 0;
   };
 
   // Creates the channel in a fresh segment; share it by fork, or pass fd() to a spawned child.
@@ -41,7 +44,7 @@ class Channel {
   static std::shared_ptr<Channel> attach(UniqueFd fd);
 
   // Pushes a message of `count` records (1 <= count <= capacity) as one unit: consumers see all
-  // of it or none. Blocks while the ring lacks room; throws Error(timeout), Error(closed), or
+  // of it or none. Blocks while the ring lacks room (records, or max_messages); throws Error(timeout), Error(closed), or
   // Error(peer_dead) when every registered consumer has exited. Returns the message's sequence
   // number (its first record's position since creation).
   std::uint64_t push(const void* records, std::uint32_t count, std::chrono::milliseconds timeout);
@@ -66,6 +69,8 @@ class Channel {
   std::uint32_t capacity() const noexcept;
   std::uint32_t record_size() const noexcept;
   std::uint32_t size() const noexcept;  // records in the ring now
+  std::uint32_t messages() const noexcept;      // messages in the ring now
+  std::uint32_t max_messages() const noexcept;  // 0: no bound but capacity
   int fd() const noexcept;              // the segment's fd, for passing to a spawned process
 
   ~Channel();

@@ -585,6 +585,7 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>()) {
   s.book = std::make_unique<TaskBook>(n, o.max_inflight_per_worker, o.max_retries);
   s.spec.start = o.start;
   s.spec.executable = o.worker_executable;
+  s.spec.args = o.worker_args;
   s.spec.threads = o.threads_per_worker > 0 ? o.threads_per_worker : std::max(1, cores / n);
   s.spec.queue_capacity = static_cast<std::uint32_t>(o.max_inflight_per_worker) *
                           static_cast<std::uint32_t>(protocol::kMaxTensorsPerTask + 1);

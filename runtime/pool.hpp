@@ -63,6 +63,9 @@ struct PoolOptions {
   Shutdown shutdown = Shutdown::Drain;                                // the destructor's policy
   int threads_per_worker = 0;     // intra-op threads in each worker; 0: cores / workers, >= 1
   std::string worker_executable;  // for spawn; empty: find_worker_executable("")
+  // For spawn: arguments before --ferry-control-fd N, so an interpreter can be the executable
+  // (the Python package starts `python -c ...` workers this way).
+  std::vector<std::string> worker_args;
   // Handed to every task as TaskContext::config (e.g. "model" for the torchscript task).
   std::map<std::string, std::string> config;
   // Tasks the workers must have; start-up fails otherwise. Unknown names fail at submit().

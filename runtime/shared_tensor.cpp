@@ -2,6 +2,8 @@
 
 #include <c10/util/strides.h>
 
+#include <cstring>
+
 #include "ipc/error.hpp"
 #include "runtime/tensor_codec.hpp"
 
@@ -38,6 +40,27 @@ at::Tensor to_shared(const at::Tensor& t) {
                 "to_shared takes a dense CPU tensor; call .cpu() or .to_dense() first");
   }
   return detail::copy_to_arena(Arena::local(), t);
+}
+
+at::Tensor share_(const at::Tensor& t) {
+  if (!t.defined()) throw Error(Errc::invalid_argument, "share_ of an undefined tensor");
+  if (t.is_cuda()) return t;  // CUDA memory travels by IPC handle as it is
+  if (!t.device().is_cpu() || t.layout() != at::kStrided) {
+    throw Error(Errc::invalid_argument, "share_ takes a dense CPU or CUDA tensor, not a " +
+                                            c10::str(t.layout()) + " one on " + t.device().str());
+  }
+  if (!t.has_storage() || detail::in_shared_memory(t)) return t;
+  c10::Storage storage = t.storage();
+  const std::size_t nbytes = storage.nbytes();
+  if (nbytes == 0) return t;
+  c10::DataPtr fresh = detail::arena_data_ptr(Arena::local(), nbytes);
+  std::memcpy(fresh.get(), storage.data_ptr().get(), nbytes);
+  // The old buffer is freed here: a storage swapped under a concurrent reader is the caller's
+  // race, as with torch's share_memory_().
+  storage.set_data_ptr_noswap(std::move(fresh));
+  // A resize would reallocate with the old allocator, out of shared memory, unseen by peers.
+  storage.unsafeGetStorageImpl()->set_resizable(false);
+  return t;
 }
 
 bool is_shared(const at::Tensor& t) {

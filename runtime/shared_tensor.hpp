@@ -14,6 +14,15 @@ at::Tensor empty_shared(at::IntArrayRef sizes, const at::TensorOptions& options 
 // A copy of `t` in the arena (same sizes and, when dense, the same strides).
 at::Tensor to_shared(const at::Tensor& t);
 
+// Moves `t`'s storage into this process's arena in place, as torch's share_memory_() moves it
+// into shared memory: every view of that storage, and whatever holds it (a module, an
+// optimizer), sees the same values afterwards and is sent zero-copy; the storage can no longer
+// be resized. A CUDA tensor, an empty storage, and a storage already in shared memory (an
+// arena's, or received from a peer) are left as they are. Returns `t`. Not safe while another
+// thread writes to the storage (a write landing in the old memory during the move is lost).
+// Throws Error: invalid_argument (sparse, or a device other than CPU and CUDA), shm_exhausted.
+at::Tensor share_(const at::Tensor& t);
+
 // True when `t`'s storage is a block of this process's arena.
 bool is_shared(const at::Tensor& t);
 

@@ -56,14 +56,20 @@ at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFn
       .set_(std::move(storage), storage_offset, sizes, strides);
 }
 
+c10::DataPtr arena_data_ptr(Arena& arena, std::size_t nbytes) {
+  // Built in place: a temporary BlockHandle would free the block in its destructor.
+  std::shared_ptr<BlockHandle> handle(new BlockHandle{&arena, arena.allocate(nbytes)});
+  void* base = handle->block.data;
+  return c10::DataPtr(base, new OwnedContext{std::move(handle)}, &owned_deleter,
+                      c10::Device(c10::kCPU));
+}
+
 at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
                              at::ScalarType dtype, std::size_t storage_bytes) {
-  // Built in place: a temporary BlockHandle would free the block in its destructor.
-  std::shared_ptr<BlockHandle> handle(new BlockHandle{&arena, arena.allocate(storage_bytes)});
-  void* base = handle->block.data;
-  auto* ctx = new OwnedContext{std::move(handle)};
-  return tensor_over(base, storage_bytes, ctx, &owned_deleter, c10::Device(c10::kCPU), dtype, sizes,
-                     strides, 0);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), storage_bytes,
+                       arena_data_ptr(arena, storage_bytes), nullptr, false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(c10::kCPU))
+      .set_(std::move(storage), 0, sizes, strides);
 }
 
 at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t) {
@@ -93,6 +99,12 @@ std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t) {
 bool is_received(const at::Tensor& t) {
   return t.defined() && t.has_storage() &&
          t.storage().data_ptr().get_deleter() == &received_deleter;
+}
+
+bool in_shared_memory(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return false;
+  const auto deleter = t.storage().data_ptr().get_deleter();
+  return deleter == &owned_deleter || deleter == &received_deleter;
 }
 
 std::uint64_t received_owner(const c10::DataPtr& data) {

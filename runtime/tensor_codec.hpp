@@ -42,6 +42,9 @@ at::Tensor tensor_over(void* base, std::size_t nbytes, void* ctx, c10::DeleterFn
                        c10::Device device, at::ScalarType dtype, at::IntArrayRef sizes,
                        at::IntArrayRef strides, std::int64_t storage_offset);
 
+// A fresh block of `arena` of `nbytes`, as the DataPtr that owns it.
+c10::DataPtr arena_data_ptr(Arena& arena, std::size_t nbytes);
+
 // A CPU tensor of the given layout whose storage is a fresh block of `arena`.
 at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
                              at::ScalarType dtype, std::size_t storage_bytes);
@@ -54,6 +57,9 @@ at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t);
 std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t);
 // True when `t`'s storage was received from a peer.
 bool is_received(const at::Tensor& t);
+// True when `t`'s storage already lives in shared memory: a block of an arena (this process's,
+// or one inherited across fork) or a block received from a peer.
+bool in_shared_memory(const at::Tensor& t);
 // The token of the peer whose block `data` is a view of, or 0 when it is not a received block.
 std::uint64_t received_owner(const c10::DataPtr& data);
 

@@ -130,6 +130,7 @@ TensorQueue TensorQueue::create(const Options& options) {
   Channel::Options co;
   co.capacity = options.capacity;
   co.record_size = sizeof(wire::Record);
+  co.max_messages = options.max_messages;
   return TensorQueue(Channel::create(co));
 }
 
@@ -307,6 +308,12 @@ std::uint32_t TensorQueue::capacity() const noexcept {
 }
 std::uint32_t TensorQueue::size() const noexcept {
   return channel_->size();
+}
+std::uint32_t TensorQueue::messages() const noexcept {
+  return channel_->messages();
+}
+std::uint32_t TensorQueue::max_messages() const noexcept {
+  return channel_->max_messages();
 }
 int TensorQueue::fd() const noexcept {
   return channel_->fd();

@@ -68,7 +68,8 @@ pid_t fork_worker(int control, const std::vector<int>& close_in_child) {
   return pid;
 }
 
-pid_t spawn_worker(int control, const std::string& executable) {
+pid_t spawn_worker(int control, const std::string& executable,
+                   const std::vector<std::string>& args) {
   // The control socket becomes a low, predictable fd without FD_CLOEXEC in the child only.
   const int target = control == 3 ? 4 : 3;
   const std::string target_arg = std::to_string(target);
@@ -85,10 +86,12 @@ pid_t spawn_worker(int control, const std::string& executable) {
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  const char* argv[] = {executable.c_str(), "--ferry-control-fd", target_arg.c_str(), nullptr};
+  std::vector<const char*> argv{executable.c_str()};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  argv.insert(argv.end(), {"--ferry-control-fd", target_arg.c_str(), nullptr});
   pid_t pid = -1;
   const int err = ::posix_spawn(&pid, executable.c_str(), &actions, &attr,
-                                const_cast<char* const*>(argv), environ);
+                                const_cast<char* const*>(argv.data()), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (err != 0) {
@@ -135,11 +138,12 @@ Start resolve_start(Start requested) {
 }
 
 LaunchedWorker launch_worker(Start how, int control, const std::string& executable,
-                             const std::vector<int>& close_in_child) {
+                             const std::vector<int>& close_in_child,
+                             const std::vector<std::string>& args) {
   LaunchedWorker w;
   w.how = how;
   w.pid =
-      how == Start::Fork ? fork_worker(control, close_in_child) : spawn_worker(control, executable);
+      how == Start::Fork ? fork_worker(control, close_in_child) : spawn_worker(control, executable, args);
   try {
     w.pidfd = open_pidfd(w.pid);
   } catch (...) {

@@ -30,11 +30,13 @@ struct LaunchedWorker {
 
 // Starts a worker whose end of the control socket is `control` (closed here afterwards by the
 // caller). Fork: the child first closes `close_in_child` (the supervisor's other fds), then runs
-// the worker loop and _exits. Spawn: `executable` gets `control` as its only extra fd.
+// the worker loop and _exits. Spawn: `executable` gets `control` as its only extra fd, and
+// runs as `executable args... --ferry-control-fd N`.
 // Call from a thread that lives as long as the worker: PR_SET_PDEATHSIG fires when the thread
 // that started a child exits, not only when its process does.
 LaunchedWorker launch_worker(Start how, int control, const std::string& executable,
-                             const std::vector<int>& close_in_child);
+                             const std::vector<int>& close_in_child,
+                             const std::vector<std::string>& args = {});
 
 // The worker executable for spawn: `requested` when given, else $FERRY_WORKER, else the
 // `ferry-worker` beside libferry_worker (build tree) or in ../bin (install), else beside this

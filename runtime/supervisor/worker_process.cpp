@@ -68,7 +68,7 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
     TensorQueue results_q = TensorQueue::create({spec.queue_capacity});
     auto [mine, theirs] = control_socket_pair();
     others.push_back(mine.get());
-    LaunchedWorker w = launch_worker(how_, theirs.get(), executable, others);
+    LaunchedWorker w = launch_worker(how_, theirs.get(), executable, others, spec.args);
     theirs.reset();
     pid_ = w.pid;
     pidfd_ = std::move(w.pidfd);

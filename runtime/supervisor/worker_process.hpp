@@ -41,6 +41,7 @@ struct StartFailure {
 struct LaunchSpec {
   Start start = Start::Auto;
   std::string executable;  // for spawn
+  std::vector<std::string> args;  // for spawn, before --ferry-control-fd N
   int threads = 1;
   std::uint32_t queue_capacity = 0;  // tensors in each of a worker's two queues
   std::chrono::milliseconds start_timeout{30000};

@@ -348,6 +348,45 @@ TEST_CASE("channel keeps FIFO order, whole messages and its capacity in one proc
   }
 }
 
+TEST_CASE("channel bounds messages by max_messages, whatever their size", "[channel]") {
+  auto ch = Channel::create({64, sizeof(Rec), 3});
+  REQUIRE(ch->max_messages() == 3);
+  push_message(*ch, 1, 5);
+  push_message(*ch, 2, 1);
+  push_message(*ch, 3, 7);
+  REQUIRE(ch->messages() == 3);
+  REQUIRE(ch->size() == 13);
+  // 51 records free, but no room for a fourth message.
+  REQUIRE(error_code([&] { push_message(*ch, 4, 1, 20ms); }) == Errc::timeout);
+  try {
+    push_message(*ch, 4, 1, 0ms);
+  } catch (const ferry::Error& e) {
+    REQUIRE_THAT(e.what(), Catch::Contains("3 messages"));
+  }
+  // A producer blocked on the bound is let through by a pop from another process.
+  if (const pid_t child = ::fork(); child == 0) {
+    std::this_thread::sleep_for(50ms);
+    std::vector<std::byte> out;
+    ::_exit(ch->pop(out, 5s) == 5 ? 0 : 1);
+  } else {
+    push_message(*ch, 4, 2, 5s);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+  REQUIRE(ch->messages() == 3);
+  REQUIRE(pop_message(*ch) == 2);
+  REQUIRE(pop_message(*ch) == 3);
+  REQUIRE(pop_message(*ch) == 4);
+  REQUIRE(ch->messages() == 0);
+  // Unbounded (0) channels count messages too.
+  auto plain = make_channel(8);
+  REQUIRE(plain->max_messages() == 0);
+  push_message(*plain, 1, 2);
+  REQUIRE(plain->messages() == 1);
+}
+
 TEST_CASE("channel options and attach are validated", "[channel]") {
   REQUIRE(error_code([] { Channel::create({0, 8}); }) == Errc::invalid_argument);
   REQUIRE(error_code([] { Channel::create({8, 0}); }) == Errc::invalid_argument);
@@ -700,6 +739,9 @@ TEST_CASE("channel survives producers and consumers SIGKILLed at random instants
       pop_message(*ch, nullptr, 5s);
       ++parent_popped;
     }
+    // The message count agrees with the ring, even if a death fell between its store and the
+    // commit (the next locker recounts).
+    REQUIRE(ch->messages() == 0);
     const std::uint64_t msg = parent_tag | next_parent_msg++;
     const std::uint64_t seq = push_message(*ch, msg, 3, 5s);
     REQUIRE(pop_message(*ch, nullptr, 5s) == msg);

@@ -1,0 +1,83 @@
+"""ferry: PyTorch tensors between processes without copying them.
+
+A faster drop-in for torch.multiprocessing's queues and pools:
+
+    import ferry
+    q = ferry.Queue()                       # hand it to children (fork, spawn, forkserver)
+    q.put({"x": ferry.zeros(1024, 1024)})   # the tensor is shared, not copied
+    with ferry.Pool(devices=["cuda:0", "cpu"]) as pool:
+        out = pool.map(lambda t: t * 2, inputs)   # input order; lambdas are fine
+
+docs/python.md has the API and how each torch.multiprocessing call maps to it.
+"""
+
+import json as _json
+
+import torch as _torch
+
+from . import _C
+
+if _torch.__version__.split(".")[:2] != _C.torch_version.split(".")[:2]:
+    raise ImportError(
+        f"ferry was built against LibTorch {_C.torch_version} but this Python imports torch "
+        f"{_torch.__version__}; rebuild ferry against this torch (docs/embedding.md) or use the "
+        "Python it was built for")
+
+from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskError, Timeout,
+                 WorkerLost)
+from ._pool import AsyncResult, Pool
+from ._queue import Queue, SimpleQueue
+from ._worker import WorkerInfo, worker_info
+
+__all__ = [
+    "Queue", "SimpleQueue", "Pool", "AsyncResult", "empty", "zeros", "share_", "is_shared",
+    "stats", "check_shm", "worker_info", "WorkerInfo", "Error", "InvalidArgument", "PeerDead",
+    "ShmExhausted", "ShutDown", "TaskError", "Timeout", "WorkerLost",
+]
+
+
+def _sizes(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list, _torch.Size)):
+        size = tuple(size[0])
+    return [int(s) for s in size]
+
+
+def empty(*size, dtype=None, requires_grad=False):
+    """An uninitialised CPU tensor in ferry's shared memory: sending it copies nothing."""
+    like = _torch.empty(0, dtype=dtype if dtype is not None else _torch.get_default_dtype())
+    t = _C.empty(_sizes(size), like)
+    return t.requires_grad_() if requires_grad else t
+
+
+def zeros(*size, dtype=None, requires_grad=False):
+    """A zero-filled CPU tensor in ferry's shared memory."""
+    t = empty(*size, dtype=dtype)
+    t.zero_()
+    return t.requires_grad_() if requires_grad else t
+
+
+def share_(t):
+    """Moves t's storage into ferry's shared memory in place (every view follows), as
+    Tensor.share_memory_() does; CUDA tensors and shared ones are left as they are. Returns t."""
+    _C.share_(t.detach())
+    return t
+
+
+def is_shared(t):
+    """True when t's storage lives in this process's ferry arena (it is sent zero-copy)."""
+    return _C.is_shared(t)
+
+
+def stats():
+    """This process's transport counters: messages, tensors and bytes sent zero-copy or copied
+    (copies_by_reason), received, and its arena ("arena": segments, bytes in use, leases)."""
+    s = _C.transport_stats()
+    s["arena"] = _C.arena_stats()
+    return s
+
+
+def check_shm(need=0, workers=0, dir="", cuda=False):
+    """`ferry-shm check` as a dict: will shared memory work here for `workers` processes
+    needing `need` bytes? {"verdict": "ok"|"warn"|"fail", "checks": [...], ...}, each check
+    with its numbers and remedy (docs/ferry-shm.md has the schema)."""
+    return _json.loads(_C.check_shm(int(need), int(workers), str(dir), bool(cuda)))

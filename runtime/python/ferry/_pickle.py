@@ -1,0 +1,153 @@
+"""Objects as ferry messages: pickled bytes plus the storages of the tensors inside them.
+
+A tensor anywhere in the object is pickled as a reference to a storage of the message (its
+"base", a uint8 tensor over the whole storage) and its view of it (dtype, offset, sizes,
+strides), so views of one storage stay views of one storage. The storages travel by ferry's
+transport: arena storages in place, other CPU storages first moved into shared memory in place
+(as torch.multiprocessing does), CUDA ones by IPC handle. What ferry cannot carry (sparse,
+quantized, other devices, tensor subclasses) is pickled by value.
+"""
+
+import copyreg
+import io
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+
+from . import _C
+
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_MAX_DIMS = 12
+
+# multiprocessing's reducers (connections, sockets...) but not torch.multiprocessing's: a tensor
+# that ferry leaves to pickle goes by value, not by torch's file descriptors.
+_DISPATCH = dict(copyreg.dispatch_table)
+_DISPATCH.update({k: v for k, v in ForkingPickler._extra_reducers.items()
+                  if not getattr(k, "__module__", "").startswith("torch")})
+
+NON_LEAF = ("a tensor that requires grad and is not a leaf cannot cross a process boundary: "
+            "autograd does not follow it there. Send t.detach() for the data, or make it a leaf "
+            "(t.detach().requires_grad_()) to keep requires_grad")
+
+
+def carried(t):
+    """True when ferry's transport carries t (else it is pickled by value)."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+            and t.device.type in ("cpu", "cuda") and not t.is_quantized and t.dim() <= _MAX_DIMS)
+
+
+class _Packer:
+    """The storages of one message, each once, and the views that refer to them."""
+
+    def __init__(self, limit):
+        self.bases = []
+        self._index = {}
+        self._limit = limit
+        self._seen = {}  # id(tensor) -> its reference: one object twice arrives as one object
+
+    def ref(self, t):
+        r = self._seen.get(id(t))
+        if r is None:
+            r = self._ref(t)
+            if r is not None:
+                r = r + (len(self._seen),)
+            self._seen[id(t)] = r
+        return r
+
+    def _ref(self, t):
+        if t.requires_grad and not t.is_leaf:
+            raise RuntimeError(NON_LEAF)
+        if not carried(t):
+            return None
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()  # the bits are not part of the storage
+        data = t.detach()
+        if data.device.type == "cpu":
+            _C.share_(data)  # in place: the sender keeps using the shared storage
+        key = _C.storage_key(data)
+        index = self._index.get(key)
+        if index is None:
+            if len(self.bases) >= self._limit:
+                return None  # no room left in the message: this one goes by value
+            index = len(self.bases)
+            self._index[key] = index
+            self.bases.append(_C.storage_base(data))
+        return ("ferry.t", index, t.dtype, t.storage_offset(), tuple(t.size()), t.stride(),
+                t.requires_grad, type(t) is torch.nn.Parameter)
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table = _DISPATCH
+
+    def __init__(self, file, packer):
+        super().__init__(file, _PROTOCOL)
+        self._packer = packer
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor):
+            return self._packer.ref(obj)
+        return None
+
+
+def _cloud_pickler():
+    import cloudpickle
+
+    class CloudPickler(cloudpickle.CloudPickler):
+        def __init__(self, file, packer):
+            super().__init__(file, _PROTOCOL)
+            self._packer = packer
+
+        def persistent_id(self, obj):
+            if isinstance(obj, torch.Tensor):
+                return self._packer.ref(obj)
+            return None
+
+    return CloudPickler
+
+
+_CLOUD = None
+
+
+def dumps(obj, limit, functions=False):
+    """(payload bytes, bases) for obj; `functions` pickles lambdas and closures (cloudpickle)."""
+    global _CLOUD
+    packer = _Packer(limit)
+    buf = io.BytesIO()
+    if functions:
+        if _CLOUD is None:
+            _CLOUD = _cloud_pickler()
+        _CLOUD(buf, packer).dump(obj)
+    else:
+        _Pickler(buf, packer).dump(obj)
+    return buf.getvalue(), packer.bases
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, bases):
+        super().__init__(file)
+        self._bases = bases
+        self._made = {}
+
+    def persistent_load(self, pid):
+        try:
+            tag, index, dtype, offset, size, stride, requires_grad, parameter, number = pid
+        except (TypeError, ValueError):
+            raise pickle.UnpicklingError(f"not a ferry tensor reference: {pid!r}") from None
+        if tag != "ferry.t" or not 0 <= index < len(self._bases):
+            raise pickle.UnpicklingError(f"not a ferry tensor reference: {pid!r}")
+        t = self._made.get(number)
+        if t is None:
+            t = _C.view_of(self._bases[index], dtype, offset, list(size), list(stride))
+            if parameter:
+                t = torch.nn.Parameter(t, requires_grad=requires_grad)
+            elif requires_grad:
+                t.requires_grad_(True)
+            self._made[number] = t
+        return t
+
+
+def loads(payload, bases):
+    """The object dumps() made; views are rebuilt on the storages this process holds."""
+    bases = [_C.adopt(b) for b in bases]
+    return _Unpickler(io.BytesIO(payload), bases).load()

@@ -1,0 +1,245 @@
+"""ferry.Pool: multiprocessing.Pool's calls on ferry's C++ supervisor, with Python workers.
+
+Ordering, retries, restarts, back-pressure and shutdown are the supervisor's (ferry::Pool); this
+module pickles calls (cloudpickle: lambdas and closures too) and unpickles results.
+"""
+
+import base64
+import itertools
+import json
+import os
+import sys
+import threading
+
+import torch
+
+from . import _C
+from . import _pickle
+
+TASK_TENSORS = 64  # tensors one task takes or returns (the supervisor's protocol limit)
+
+_BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
+         "sys.exit(w.main(sys.argv[1:]))")
+
+
+def _package_root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _devices(processes, devices):
+    if devices is not None:
+        devices = [str(torch.device(d)) if not isinstance(d, str) else d for d in devices]
+        if not devices:
+            raise ValueError("devices is empty; give at least one, e.g. ['cpu']")
+        if processes is not None and processes != len(devices):
+            raise ValueError(f"processes={processes} but {len(devices)} devices: one worker runs "
+                             "per device entry; give one of the two")
+        return devices
+    if processes is None:
+        processes = os.cpu_count() or 1
+    if processes < 1:
+        raise ValueError("Number of processes must be at least 1")
+    return ["cpu"] * processes
+
+
+class AsyncResult:
+    """multiprocessing's AsyncResult: get(timeout), wait(timeout), ready(), successful()."""
+
+    def __init__(self, resolve, callback=None, error_callback=None):
+        self._event = threading.Event()
+        self._value = None
+        self._error = None
+
+        def run():
+            try:
+                self._value = resolve()
+            except BaseException as e:
+                self._error = e
+            self._event.set()
+            if self._error is None and callback is not None:
+                callback(self._value)
+            elif self._error is not None and error_callback is not None:
+                error_callback(self._error)
+
+        threading.Thread(target=run, name="ferry-result", daemon=True).start()
+
+    def ready(self):
+        return self._event.is_set()
+
+    def successful(self):
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return self._error is None
+
+    def wait(self, timeout=None):
+        self._event.wait(timeout)
+
+    def get(self, timeout=None):
+        if not self._event.wait(timeout):
+            raise TimeoutError
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Pool:
+    """Worker processes that run Python calls, on a device list.
+
+    Pool(processes=None, initializer=None, initargs=(), *, devices=None, retries=2,
+         maxtasks_inflight=3, task_timeout=None, start_timeout=60, threads_per_worker=0)
+
+    One worker per entry of `devices` (e.g. ["cuda:0", "cuda:1", "cpu"]), else `processes` CPU
+    workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
+    worker is restarted and its tasks tried again up to `retries` times; a task's exception
+    comes back as ferry.TaskError with the worker's traceback.
+    """
+
+    def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None,
+                 *, devices=None, retries=2, maxtasks_inflight=3, task_timeout=None,
+                 start_timeout=60.0, threads_per_worker=0):
+        if maxtasksperchild is not None:
+            raise ValueError("maxtasksperchild is not supported: ferry's workers hold no state "
+                             "between tasks but what the task keeps; leave it None")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        devices = _devices(processes, devices)
+        config = {"python.path": json.dumps([p for p in sys.path if p])}
+        if initializer is not None:
+            payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True)
+            config["python.initializer"] = base64.b64encode(payload).decode()
+        self._pool = _C.Pool(devices, sys.executable, ["-c", _BOOT.format(root=_package_root())],
+                             config, retries, maxtasks_inflight,
+                             0.0 if task_timeout is None else float(task_timeout),
+                             float(start_timeout), threads_per_worker)
+        self._state = "run"
+        self._lock = threading.Lock()
+
+    # -- the calls ------------------------------------------------------------------------------
+    def _check_running(self):
+        if self._state != "run":
+            raise ValueError("Pool not running")
+
+    def _message(self, fn, calls, star):
+        return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions=True)
+
+    def _submit(self, fn, calls, star):
+        self._check_running()
+        payload, bases = self._message(fn, calls, star)
+        return self._pool.submit(payload, bases)
+
+    def apply_async(self, func, args=(), kwds={}, callback=None, error_callback=None):
+        call = (lambda a: func(*a[0], **a[1])) if kwds else func
+        future = self._submit(call, [(tuple(args), dict(kwds)) if kwds else tuple(args)],
+                              star=not kwds)
+        return AsyncResult(lambda: _pickle.loads(*future.get())[0], callback, error_callback)
+
+    def apply(self, func, args=(), kwds={}):
+        return self.apply_async(func, args, kwds).get()
+
+    def _chunks(self, iterable, chunksize):
+        it = iter(iterable)
+        while True:
+            chunk = list(itertools.islice(it, chunksize))
+            if not chunk:
+                return
+            yield chunk
+
+    def _unordered(self, fn, iterable, chunksize, star):
+        """(chunk index, results of that chunk) as tasks finish."""
+        self._check_running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        chunks = list(self._chunks(iterable, chunksize))
+        results = self._pool.imap_unordered(
+            len(chunks), lambda i: self._message(fn, chunks[i], star))
+        while True:
+            got = results.next()
+            if got is None:
+                return
+            index, (payload, bases) = got
+            chunks[index] = None  # the inputs are no longer needed here
+            yield index, _pickle.loads(payload, bases)
+
+    def imap_unordered(self, func, iterable, chunksize=1):
+        for _, out in self._unordered(func, iterable, chunksize, star=False):
+            yield from out
+
+    def imap(self, func, iterable, chunksize=1):
+        return self._ordered(func, iterable, chunksize, star=False)
+
+    def _ordered(self, fn, iterable, chunksize, star):
+        pending = {}
+        expected = 0
+        for index, out in self._unordered(fn, iterable, chunksize, star):
+            pending[index] = out
+            while expected in pending:
+                yield from pending.pop(expected)
+                expected += 1
+
+    def _default_chunksize(self, iterable):
+        if not hasattr(iterable, "__len__"):
+            iterable = list(iterable)
+        chunksize, extra = divmod(len(iterable), len(self) * 4)
+        return iterable, chunksize + (1 if extra else 0) or 1
+
+    def map(self, func, iterable, chunksize=None):
+        """func over iterable, results in input order; the first failure raises TaskError."""
+        if chunksize is None:
+            iterable, chunksize = self._default_chunksize(iterable)
+        return list(self._ordered(func, iterable, chunksize, star=False))
+
+    def starmap(self, func, iterable, chunksize=None):
+        if chunksize is None:
+            iterable, chunksize = self._default_chunksize(iterable)
+        return list(self._ordered(func, iterable, chunksize, star=True))
+
+    def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
+        self._check_running()
+        iterable = list(iterable)
+        return AsyncResult(lambda: self.map(func, iterable, chunksize), callback, error_callback)
+
+    def starmap_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
+        self._check_running()
+        iterable = list(iterable)
+        return AsyncResult(lambda: self.starmap(func, iterable, chunksize), callback,
+                           error_callback)
+
+    # -- life -----------------------------------------------------------------------------------
+    def close(self):
+        """No more tasks; join() then waits for those submitted."""
+        if self._state == "run":
+            self._state = "close"
+
+    def terminate(self):
+        """Stops the workers now; unfinished tasks fail with ferry.ShutDown."""
+        self._state = "terminate"
+        self._pool.close(drain=False)
+
+    def join(self):
+        """Waits for every submitted task, then for the workers to exit (after close())."""
+        if self._state == "run":
+            raise ValueError("Pool is still running")
+        self._pool.close(drain=self._state == "close")
+
+    def __enter__(self):
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc):
+        self.terminate()  # as multiprocessing.Pool does
+
+    def __len__(self):
+        return self._pool.size()
+
+    def __del__(self):
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close(drain=False)
+
+    # -- what it did ----------------------------------------------------------------------------
+    def stats(self):
+        """Per-worker counts (tasks, restarts, zero-copy and copied bytes) and the pool's."""
+        return self._pool.stats()
+
+    def worker_pids(self):
+        return self._pool.worker_pids()

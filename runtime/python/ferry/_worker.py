@@ -1,0 +1,74 @@
+"""The Python side of a pool worker: a process the C++ supervisor spawned, serving its tasks.
+
+The handshake, the task loop, restarts and results are the C++ worker's (ferry._C.serve_worker);
+each task message is a pickled call (function, argument list, star) that run() carries out.
+"""
+
+import base64
+import collections
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
+
+_info = None
+_init_error = None
+
+
+def worker_info():
+    """WorkerInfo(id, device, pid) inside a ferry.Pool worker, None elsewhere."""
+    return _info
+
+
+def _start(worker_id, device, config):
+    """Once per process, before its first task: sys.path, device, the pool's initializer."""
+    global _info, _init_error
+    from . import _pickle
+
+    for p in reversed(json.loads(config.get("python.path", "[]"))):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    _info = WorkerInfo(worker_id, dev, os.getpid())
+    init = config.get("python.initializer")
+    if init:
+        try:
+            fn, args = _pickle.loads(base64.b64decode(init), [])
+            fn(*args)
+        except BaseException:
+            _init_error = "the pool's initializer failed in this worker:\n" + traceback.format_exc()
+
+
+def run(worker_id, device, config, payload, bases):
+    """(True, payload, bases) of the result, or (False, the error and its traceback, [])."""
+    from . import _pickle
+    from ._pool import TASK_TENSORS
+
+    if _info is None:
+        _start(worker_id, device, config)
+    if _init_error is not None:
+        return False, _init_error, []
+    try:
+        fn, calls, star = _pickle.loads(payload, bases)
+        out = [fn(*a) if star else fn(a) for a in calls]
+        payload, bases = _pickle.dumps(out, TASK_TENSORS - 1, functions=True)
+        return True, payload, bases
+    except BaseException as e:  # a task's SystemExit is its failure, not the worker's end
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return False, f"{type(e).__name__}: {e}\n\nworker traceback:\n{text}", []
+
+
+def main(argv):
+    if len(argv) != 2 or argv[0] != "--ferry-control-fd" or not argv[1].isdigit():
+        print("ferry._worker: a ferry.Pool worker process; a pool starts it, not a person",
+              file=sys.stderr)
+        return 2
+    from . import _C
+
+    return _C.serve_worker(int(argv[1]), run)

@@ -1,0 +1,26 @@
+// A Python message as ferry tensors (internal to the extension): the pickled object's bytes in
+// one uint8 tensor of this process's arena (so it travels zero-copy), then the storages of the
+// tensors the pickle refers to, one "base" tensor each (ferry/_pickle.py decides which).
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <optional>
+#include <vector>
+
+#include "runtime/tensor_queue.hpp"
+
+namespace ferry::python {
+
+// [payload, bases...]. Needs the GIL (reads `payload`).
+Tensors pack_message(const pybind11::bytes& payload, const std::vector<at::Tensor>& bases);
+// (payload bytes, [bases...]) from a message made by pack_message. Needs the GIL.
+pybind11::tuple unpack_message(Tensors message);
+
+// Seconds from Python (None: wait for ever) as a ferry timeout.
+std::chrono::milliseconds to_timeout(std::optional<double> seconds);
+
+}  // namespace ferry::python

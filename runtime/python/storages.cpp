@@ -1,0 +1,117 @@
+#include "runtime/python/storages.hpp"
+
+#include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ipc/error.hpp"
+#include "runtime/tensor_codec.hpp"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+namespace {
+
+using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
+// (device type, device index, address, bytes): no two live storages of one process share it,
+// except views of the same received block, which is what adopt() merges.
+using Key = std::tuple<int, int, std::uintptr_t, std::size_t>;
+
+Key key_of(const c10::Storage& s) {
+  const c10::Device d = s.device();
+  return {static_cast<int>(d.type()), d.index(), reinterpret_cast<std::uintptr_t>(s.data_ptr().get()),
+          s.nbytes()};
+}
+
+struct Cache {
+  std::mutex mu;
+  std::map<Key, Weak> storages;
+  std::size_t inserts_since_sweep = 0;
+};
+Cache& cache() {
+  static auto* c = new Cache;  // never destroyed: storages may die during interpreter exit
+  return *c;
+}
+
+at::ScalarType dtype_of(const py::handle& dtype) {
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw Error(Errc::invalid_argument,
+                "expected a torch.dtype, got " + std::string(py::str(py::type::of(dtype))));
+  }
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+at::Tensor base_over(const c10::Storage& s) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(s.device()))
+      .set_(s, 0, {static_cast<std::int64_t>(s.nbytes())}, {1});
+}
+
+// The uint8 tensor over the whole storage of `t`.
+at::Tensor storage_base(const at::Tensor& t) {
+  if (!t.has_storage()) {
+    throw Error(Errc::invalid_argument, "a " + std::string(c10::toString(t.layout())) +
+                                            " tensor has no storage to send");
+  }
+  return base_over(t.storage());
+}
+
+// The base this process already holds for the same memory as `base`, or `base` itself (noted).
+at::Tensor adopt(const at::Tensor& base) {
+  const c10::Storage& s = base.storage();
+  if (s.nbytes() == 0) return base;
+  const Key key = key_of(s);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (auto it = c.storages.find(key); it != c.storages.end()) {
+    if (c10::intrusive_ptr<c10::StorageImpl> held = it->second.lock()) {
+      c10::Storage existing(std::move(held));
+      // A storage moved off a dead sender has a new address: the key no longer names it.
+      if (key_of(existing) == key) return base_over(existing);
+    }
+  }
+  c.storages.insert_or_assign(key, Weak(s.getWeakStorageImpl()));
+  if (++c.inserts_since_sweep >= 1024) {
+    for (auto it = c.storages.begin(); it != c.storages.end();) {
+      it = it->second.expired() ? c.storages.erase(it) : std::next(it);
+    }
+    c.inserts_since_sweep = 0;
+  }
+  return base;
+}
+
+at::Tensor view_of(const at::Tensor& base, const py::handle& dtype, std::int64_t offset,
+                   const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
+  if (sizes.size() != strides.size()) {
+    throw Error(Errc::bad_record, "a view with " + std::to_string(sizes.size()) + " sizes and " +
+                                      std::to_string(strides.size()) + " strides");
+  }
+  // set_ checks the view lies inside the storage, so a bad pickle cannot reach past it.
+  return at::empty({0}, base.options().dtype(dtype_of(dtype)))
+      .set_(base.storage(), offset, sizes, strides);
+}
+
+}  // namespace
+
+void bind_storages(py::module_& m) {
+  m.def(
+      "storage_key",
+      [](const at::Tensor& t) {
+        if (!t.has_storage()) return py::object(py::none());
+        return py::object(py::cast(key_of(t.storage())));
+      },
+      "(device type, index, address, bytes) of t's storage, or None without one");
+  m.def("storage_base", &storage_base, "the uint8 tensor over the whole storage of t");
+  m.def("adopt", &adopt, "the storage this process holds for the same memory as base");
+  m.def("view_of", &view_of, py::arg("base"), py::arg("dtype"), py::arg("offset"),
+        py::arg("sizes"), py::arg("strides"), "a view of base's storage");
+  m.def("in_shared_memory", &detail::in_shared_memory,
+        "t's storage is in shared memory already (an arena, or received)");
+  m.def("is_received", &detail::is_received, "t's storage was received from another process");
+}
+
+}  // namespace ferry::python
