@@ -150,4 +150,11 @@ class _Unpickler(pickle.Unpickler):
 def loads(payload, bases):
     """The object dumps() made; views are rebuilt on the storages this process holds."""
     bases = [_C.adopt(b) for b in bases]
-    return _Unpickler(io.BytesIO(payload), bases).load()
+    try:
+        return _Unpickler(io.BytesIO(payload), bases).load()
+    finally:
+        # torch notes each unpickled sparse tensor for torch.load to check and forget; outside
+        # torch.load nobody does, and the note would keep the received storages alive.
+        validate = getattr(torch._utils, "_validate_loaded_sparse_tensors", None)
+        if validate is not None:
+            validate()

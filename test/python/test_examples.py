@@ -1,0 +1,54 @@
+"""The scenarios in docs/examples/, run as a user runs them."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "examples")
+
+
+def run(args, timeout=240, prefix=()):
+    return subprocess.run([*prefix, sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def example(name):
+    return os.path.join(EXAMPLES, name)
+
+
+def test_several_producers_one_consumer_inference_in_input_order():
+    r = run([example("producers_consumer.py"), "--producers", "3", "--batches", "4",
+             "--devices", "cpu,cpu"])
+    assert r.returncode == 0, r.stderr
+    assert "batches=12 producers=3" in r.stdout and "in_order=yes" in r.stdout
+
+
+def test_a_consumer_updates_the_producers_tensors_in_place():
+    r = run([example("shared_updates.py"), "--tensors", "3", "--size", "100000"])
+    assert r.returncode == 0, r.stderr
+    assert "updated_in_place=yes shared=True copied_bytes=0" in r.stdout
+
+
+def test_a_loader_in_a_container_sized_dev_shm_gets_a_clear_error_not_a_bus_error():
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a private 64 MiB /dev/shm")
+    mount = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"')
+    probe = subprocess.run([*mount, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private tmpfs here: {probe.stderr.strip()}")
+    r = run([example("small_shm.py"), "--batches", "8"], prefix=mount)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out  # the example's own failure, not a signal (SIGBUS: -7)
+    assert "shm_exhausted" in out and "--shm-size" in out and "bytes" in out
+    assert "Bus error" not in out
+    assert "check_shm: shm_reserve: fail" in r.stdout  # said before anything was started
+
+
+def test_the_same_loader_with_room_delivers_every_batch():
+    r = run([example("small_shm.py"), "--batches", "3"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "batches=3 loaded=yes" in r.stdout

@@ -1,0 +1,190 @@
+"""ferry.Pool: Python workers under ferry's C++ supervisor, with multiprocessing.Pool's calls."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+import ferry
+from conftest import cuda, wait_until
+
+_state = {}
+
+
+def square(x):
+    return x * x
+
+
+def _init(value):
+    _state["init"] = value
+
+
+def _read_init(_):
+    return _state.get("init")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ferry.Pool(2) as p:
+        yield p
+
+
+def test_map_returns_results_in_input_order(pool):
+    assert pool.map(square, range(50)) == [i * i for i in range(50)]
+    assert pool.map(square, range(20), chunksize=3) == [i * i for i in range(20)]
+    assert pool.map(square, []) == []
+
+
+def test_lambdas_and_closures_are_accepted(pool):
+    k = 7
+    assert pool.map(lambda x: x + k, range(5)) == [7, 8, 9, 10, 11]
+
+    def outer(scale):
+        return lambda t: (t * scale).sum().item()
+
+    assert pool.map(outer(2.0), [torch.ones(3)] * 3) == [6.0, 6.0, 6.0]
+
+
+def test_imap_imap_unordered_starmap_apply(pool):
+    assert list(pool.imap(square, iter(range(10)))) == [i * i for i in range(10)]
+    assert sorted(pool.imap_unordered(square, range(10), chunksize=2)) == [
+        i * i for i in range(10)]
+    assert pool.starmap(lambda a, b: a - b, [(5, 1), (9, 2)]) == [4, 7]
+    assert pool.apply(lambda a, b=0: a + b, (1,), {"b": 2}) == 3
+    r = pool.apply_async(square, (12,))
+    assert r.get(timeout=30) == 144 and r.ready() and r.successful()
+
+
+def test_apply_async_callbacks_and_map_async(pool):
+    done = threading.Event()
+    seen = []
+    pool.apply_async(square, (3,), callback=lambda v: (seen.append(v), done.set()))
+    assert done.wait(30) and seen == [9]
+    failed = threading.Event()
+    errors = []
+    pool.apply_async(lambda: 1 / 0, error_callback=lambda e: (errors.append(e), failed.set()))
+    assert failed.wait(30) and isinstance(errors[0], ferry.TaskError)
+    assert pool.map_async(square, range(4)).get(timeout=30) == [0, 1, 4, 9]
+    assert pool.starmap_async(pow, [(2, 3)]).get(timeout=30) == [8]
+
+
+def test_a_task_exception_is_a_task_error_with_the_worker_traceback(pool):
+    def fails(x):
+        raise KeyError(f"no such key {x}")
+
+    with pytest.raises(ferry.TaskError) as e:
+        pool.map(fails, [41])
+    text = str(e.value)
+    assert "KeyError" in text and "no such key 41" in text
+    assert "worker traceback" in text and "in fails" in text
+    assert e.value.code == "task_failed" and e.value.worker in (0, 1)
+    assert pool.map(square, [3]) == [9]  # the worker goes on
+
+
+def test_tensors_go_in_and_out_by_shared_memory(pool):
+    before = pool.stats()
+    inputs = [ferry.zeros(256, 256) + i for i in range(6)]
+    out = pool.map(lambda t: t * 2, inputs, chunksize=1)
+    assert all(torch.equal(o, t * 2) for o, t in zip(out, inputs))
+    after = pool.stats()
+    assert after["input_bytes_zero_copy"] - before["input_bytes_zero_copy"] >= 6 * 256 * 256 * 4
+    results = sum(w["bytes_zero_copy"] for w in after["workers"]) - sum(
+        w["bytes_zero_copy"] for w in before["workers"])
+    assert results >= 6 * 256 * 256 * 4
+
+
+def test_bounded_tasks_in_flight():
+    pulled = []
+
+    def inputs():
+        for i in range(200):
+            pulled.append(i)
+            yield i
+
+    with ferry.Pool(1, maxtasks_inflight=2) as p:
+        it = p.imap(lambda x: x, inputs())
+        first = next(it)
+        assert first == 0
+        # The generator is read lazily only in so far as the pool has room: everything it
+        # yielded is listed up front, but no more than the pool's capacity is ever in flight.
+        assert p.stats()["submitted"] <= 2 + 1
+        assert list(it) == list(range(1, 200))
+
+
+def test_initializer_runs_in_every_worker_and_devices_are_seen():
+    with ferry.Pool(initializer=_init, initargs=("ready",), devices=["cpu", "cpu"]) as p:
+        assert p.map(_read_init, range(4), chunksize=1) == ["ready"] * 4
+        infos = p.map(lambda _: ferry.worker_info(), range(8), chunksize=1)
+        assert {i.device for i in infos} == {torch.device("cpu")}
+        assert {i.id for i in infos} <= {0, 1}
+        assert all(i.pid in p.worker_pids() for i in infos)
+    assert ferry.worker_info() is None
+
+
+def test_a_failing_initializer_fails_the_tasks_with_its_traceback():
+    def bad():
+        raise RuntimeError("cannot load the model")
+
+    with ferry.Pool(1, initializer=bad) as p:
+        with pytest.raises(ferry.TaskError, match="cannot load the model"):
+            p.apply(square, (2,))
+
+
+def test_a_killed_worker_is_restarted_and_its_task_retried(tmp_path):
+    marker = str(tmp_path / "killed-once")
+
+    def dies_once(x):
+        if x == 3 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x * 10
+
+    with ferry.Pool(2, retries=2) as p:
+        assert p.map(dies_once, range(6), chunksize=1) == [0, 10, 20, 30, 40, 50]
+        assert p.stats()["retried"] >= 1
+        assert wait_until(lambda: sum(w["restarts"] for w in p.stats()["workers"]) >= 1)
+        assert p.map(square, range(4), chunksize=1) == [0, 1, 4, 9]  # both slots serve again
+
+
+def test_a_task_that_always_kills_its_worker_ends_as_worker_lost():
+    with ferry.Pool(1, retries=1) as p:
+        with pytest.raises(ferry.WorkerLost, match="SIGKILL|killed|signal"):
+            p.apply(lambda: os.kill(os.getpid(), signal.SIGKILL))
+        assert p.apply(square, (5,)) == 25
+
+
+def test_close_join_and_terminate():
+    p = ferry.Pool(1)
+    r = p.apply_async(lambda: (time.sleep(0.3), "slow")[1])
+    p.close()
+    with pytest.raises(ValueError, match="not running"):
+        p.apply_async(square, (1,))
+    p.join()  # waits for the task submitted before close
+    assert r.get(timeout=5) == "slow"
+    p2 = ferry.Pool(1)
+    pending = p2.apply_async(lambda: time.sleep(30))
+    p2.terminate()
+    with pytest.raises(ferry.Error):
+        pending.get(timeout=30)
+
+
+def test_bad_arguments_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="processes=3 but 2 devices"):
+        ferry.Pool(3, devices=["cpu", "cpu"])
+    with pytest.raises(ValueError, match="at least 1"):
+        ferry.Pool(0)
+    with pytest.raises(ferry.Error, match="cuda:7|device"):
+        ferry.Pool(devices=["cuda:7"], start_timeout=30)
+
+
+@cuda
+def test_cuda_workers_see_their_device():
+    with ferry.Pool(devices=["cuda:0", "cpu"]) as p:
+        infos = p.map(lambda _: str(ferry.worker_info().device), range(8), chunksize=1)
+        assert set(infos) <= {"cuda:0", "cpu"}
+        out = p.map(lambda t: t.cuda() * 2 if ferry.worker_info().device.type == "cuda" else t * 2,
+                    [torch.ones(4)] * 4, chunksize=1)
+        assert all(torch.equal(o.cpu(), torch.full((4,), 2.0)) for o in out)
