@@ -48,6 +48,12 @@ def test_lambdas_and_closures_are_accepted(pool):
     assert pool.map(outer(2.0), [torch.ones(3)] * 3) == [6.0, 6.0, 6.0]
 
 
+def test_a_closure_over_a_tensor_shares_it(pool):
+    w = ferry.zeros(3)
+    assert pool.apply(lambda: w.add_(1) and None) is None
+    assert torch.equal(w, torch.ones(3))  # the worker's add_ landed in this process's tensor
+
+
 def test_imap_imap_unordered_starmap_apply(pool):
     assert list(pool.imap(square, iter(range(10)))) == [i * i for i in range(10)]
     assert sorted(pool.imap_unordered(square, range(10), chunksize=2)) == [

@@ -42,6 +42,13 @@ def _devices(processes, devices):
     return ["cpu"] * processes
 
 
+class _Blob(bytes):
+    """A function already pickled (by cloudpickle); workers keep the last ones unpickled."""
+
+    def __reduce__(self):
+        return _Blob, (bytes(self),)
+
+
 class AsyncResult:
     """multiprocessing's AsyncResult: get(timeout), wait(timeout), ready(), successful()."""
 
@@ -119,12 +126,19 @@ class Pool:
         if self._state != "run":
             raise ValueError("Pool not running")
 
+    def _function(self, fn):
+        """What a task message says of fn: its cloudpickle, made once per call of map() and
+        cached by the workers, or fn itself when pickling it takes tensors along."""
+        payload, bases = _pickle.dumps(fn, TASK_TENSORS - 1, functions=True)
+        return _Blob(payload) if not bases else fn
+
     def _message(self, fn, calls, star):
-        return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions=True)
+        # pickle, not cloudpickle, for the arguments: the function is pickled already.
+        return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions="auto")
 
     def _submit(self, fn, calls, star):
         self._check_running()
-        payload, bases = self._message(fn, calls, star)
+        payload, bases = self._message(self._function(fn), calls, star)
         return self._pool.submit(payload, bases)
 
     def apply_async(self, func, args=(), kwds={}, callback=None, error_callback=None):
@@ -150,6 +164,7 @@ class Pool:
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
         chunks = list(self._chunks(iterable, chunksize))
+        fn = self._function(fn)
         results = self._pool.imap_unordered(
             len(chunks), lambda i: self._message(fn, chunks[i], star))
         while True:

@@ -17,6 +17,8 @@ WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
 
 _info = None
 _init_error = None
+_functions = collections.OrderedDict()  # pickled function -> function, the last few used
+_FUNCTIONS_KEPT = 32
 
 
 def worker_info():
@@ -45,6 +47,20 @@ def _start(worker_id, device, config):
             _init_error = "the pool's initializer failed in this worker:\n" + traceback.format_exc()
 
 
+def _function(blob):
+    from . import _pickle
+
+    fn = _functions.get(blob)
+    if fn is None:
+        fn = _pickle.loads(blob, [])
+        _functions[blob] = fn
+        if len(_functions) > _FUNCTIONS_KEPT:
+            _functions.popitem(last=False)
+    else:
+        _functions.move_to_end(blob)
+    return fn
+
+
 def run(worker_id, device, config, payload, bases):
     """(True, payload, bases) of the result, or (False, the error and its traceback, [])."""
     from . import _pickle
@@ -56,8 +72,10 @@ def run(worker_id, device, config, payload, bases):
         return False, _init_error, []
     try:
         fn, calls, star = _pickle.loads(payload, bases)
+        if isinstance(fn, bytes):
+            fn = _function(fn)
         out = [fn(*a) if star else fn(a) for a in calls]
-        payload, bases = _pickle.dumps(out, TASK_TENSORS - 1, functions=True)
+        payload, bases = _pickle.dumps(out, TASK_TENSORS - 1, functions="auto")
         return True, payload, bases
     except BaseException as e:  # a task's SystemExit is its failure, not the worker's end
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
