@@ -57,7 +57,7 @@ QUICK = {"rt_trips": 200, "rt_cap": 0.15, "fw_trips": 50, "fw_cap": 0.1, "tp_byt
          "mlp_tasks": 16, "mlp_repeats": 1}
 FULL = {"rt_trips": 2000, "rt_cap": 2.0, "fw_trips": 500, "fw_cap": 1.0, "tp_bytes": 256 * MIB,
         "tp_max": 4000, "tp_cap": 1.5, "tp_repeats": 3, "noop_tasks": 1000, "noop_repeats": 5,
-        "mlp_tasks": 300, "mlp_repeats": 3}
+        "mlp_tasks": 150, "mlp_repeats": 3}
 RT_SIZES = [4 * KIB, MIB]
 TP_SIZES = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
 TP_MIN_MESSAGES = 5  # a time cap never cuts a throughput run below this
@@ -201,15 +201,21 @@ class Children:
 CHILDREN = Children()
 
 
-def _get(q, what, timeout=TIMEOUT):
-    try:
-        return q.get(timeout=timeout)
-    except queue.Empty:
-        raise Failed(f"{what}: nothing came in {timeout} s") from None
+def _get(side, q, what):
+    """q.get(), failing within a second of the peer's death rather than after TIMEOUT: torch's
+    queues cannot tell that nobody will put any more."""
+    for _ in range(TIMEOUT):
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            if not side.proc.is_alive():
+                raise Failed(f"{what}: the {side.kind} peer died "
+                             f"(exit code {side.proc.exitcode})") from None
+    raise Failed(f"{what}: nothing came in {TIMEOUT} s")
 
 
-def _expect(q, tag, what):
-    m = _get(q, what)
+def _expect(side, q, tag, what):
+    m = _get(side, q, what)
     if not isinstance(m, tuple) or m[0] != tag:
         raise Failed(f"{what}: expected {tag!r}, got {m!r}")
     return m
@@ -245,7 +251,7 @@ class Side:
         self.broken = None
 
     def wait_ready(self):
-        _expect(self.up, "ready", f"{self.kind} peer start-up")
+        _expect(self, self.up, "ready", f"{self.kind} peer start-up")
 
     def check(self):
         if self.broken:
@@ -269,7 +275,7 @@ class Side:
 def round_trip(side, n, forward, trips, cap):
     side.check()
     side.down.put(("pingpong", n, forward))
-    _expect(side.up, "ready", f"{side.kind} ping-pong set-up")
+    _expect(side, side.up, "ready", f"{side.kind} ping-pong set-up")
     t = side.shared(n)
     before = side.counters()
     what = f"{side.kind} round trip, {n} B"
@@ -278,7 +284,7 @@ def round_trip(side, n, forward, trips, cap):
     for i in range(WARMUP_TRIPS + trips):
         t0 = time.perf_counter()
         side.down.put(t)
-        side.up.get(timeout=TIMEOUT)
+        _get(side, side.up, what)
         t1 = time.perf_counter()
         if i == WARMUP_TRIPS:
             deadline = t1 + cap
@@ -288,10 +294,10 @@ def round_trip(side, n, forward, trips, cap):
                 break
     t[0] = 0
     side.down.put(("last", t))
-    answer = _get(side.up, what)
+    answer = _get(side, side.up, what)
     if int(t[0]) != 0xA5 or int(answer[0]) != 0x5A or answer.numel() != n:
         raise Failed(f"{what}: the data check failed (the tensors are not shared both ways)")
-    _, child = _expect(side.up, "done", what)
+    _, child = _expect(side, side.up, "done", what)
     parent = None if before is None else _delta(side.counters(), before)
     # Own tensors only: any copy means the row does not measure what it says it does.
     if not forward and parent is not None and (parent["tensors_copied"] or child["tensors_copied"]):
@@ -306,7 +312,7 @@ def throughput(side, n, count, cap):
     side.check()
     what = f"{side.kind} fresh tensors, {n} B"
     side.down.put(("produce", n, count, cap))
-    first = _get(side.data, what)
+    first = _get(side, side.data, what)
     t0 = time.perf_counter()
     if first is None or first.numel() != n or int(first[0]) != 0:
         raise Failed(f"{what}: the first message is wrong")
@@ -315,7 +321,7 @@ def throughput(side, n, count, cap):
     last_value = None
     t1 = t0
     while True:
-        m = side.data.get(timeout=TIMEOUT)
+        m = _get(side, side.data, what)
         if m is None:
             break
         t1 = time.perf_counter()
@@ -324,7 +330,7 @@ def throughput(side, n, count, cap):
         del m
     if last_value is not None:
         last_value = int(last_value[0])
-    _, sent, child_s, child_counters = _expect(side.up, "produced", what)
+    _, sent, child_s, child_counters = _expect(side, side.up, "produced", what)
     if got != sent or (got > 1 and last_value != (got - 1) % 255):
         raise Failed(f"{what}: {got} of {sent} messages arrived, last value {last_value}")
     if got < 2 or t1 <= t0:
@@ -389,7 +395,7 @@ class Report:
                 continue
             f_cell, t_cell = r["cells"] or (fmt(r["ferry"]), fmt(r["torch"]))
             ratio = "n/a" if r["ratio"] is None else f"{fmt(r['ratio'])}x"
-            goal = "" if r["goal"] is None else f"ferry >= {fmt(r['goal'])}x"
+            goal = "" if r["goal"] is None else f"≥ {r['goal']:g}x"
             result = f"**{r['result']}**" if r["result"] == "MISS" else r["result"]
             print(f"| {r['name']} | {f_cell} | {t_cell} | {ratio} | {goal} | {result} |")
         for f in self.failures:
@@ -414,6 +420,23 @@ def machine():
             "sharing_strategy": tmp.get_sharing_strategy()}
 
 
+def cpu_seconds():
+    """(CPU-seconds the whole machine has been busy, CPU-seconds of this process and its reaped
+    children): their difference over a run is what other processes took from it."""
+    import resource
+
+    busy = None
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+    except (OSError, ValueError, IndexError):
+        pass
+    own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return busy, own
+
+
 # -- the rows -------------------------------------------------------------------------------------
 
 def queue_rows(report, cfg, results):
@@ -431,7 +454,9 @@ def queue_rows(report, cfg, results):
                     out[kind] = fn(side)
                 except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
                     side.broken = str(e)
-                    raise Failed(f"{kind}: {e}") from e
+                    if isinstance(e, Failed):
+                        raise
+                    raise Failed(f"{kind}: {type(e).__name__}: {e}") from e
             results[name] = out
             return out["ferry"], out["torch"]
 
@@ -585,6 +610,7 @@ def main(argv):
     watchdog.start()
 
     started = time.perf_counter()
+    busy0, own0 = cpu_seconds()
     info = machine()
     report = Report()
     results = {}
@@ -597,12 +623,20 @@ def main(argv):
     finally:
         CHILDREN.kill_all()
     seconds = time.perf_counter() - started
+    busy1, own1 = cpu_seconds()
+    load = {"cpu_s": own1 - own0,
+            "others_cpu_s": None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0))}
+    others = ("unknown" if load["others_cpu_s"] is None
+              else f"{load['others_cpu_s']:.1f} CPU-s")
     header = (f"python-bench{' --quick' if args.quick else ''}: {info['cpu']}, {info['cores']} "
               f"cores, torch {info['torch']}, Python {info['python']}; torch.multiprocessing: "
-              f"spawn, {info['sharing_strategy']}; {seconds:.1f} s")
+              f"spawn, {info['sharing_strategy']}\n"
+              f"run: {seconds:.1f} s wall, {load['cpu_s']:.1f} CPU-s by the benchmark, {others} "
+              "by other processes")
     report.print(header)
     if args.json:
         doc = {"machine": info, "quick": args.quick, "config": cfg, "seconds": seconds,
+               "load": load,
                "goals": {"round_trip": GOAL_ROUND_TRIP, "throughput": GOAL_THROUGHPUT},
                "rows": report.rows, "measurements": results, "failures": report.failures}
         with open(args.json, "w") as f:
