@@ -77,8 +77,8 @@ class _Packer:
                 t.requires_grad, type(t) is torch.nn.Parameter)
 
 
-class _Pickler(pickle.Pickler):
-    dispatch_table = _DISPATCH
+class _TensorRefs:
+    """A pickler that writes tensors as references to the message's storages (persistent ids)."""
 
     def __init__(self, file, packer):
         super().__init__(file, _PROTOCOL)
@@ -90,18 +90,15 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+class _Pickler(_TensorRefs, pickle.Pickler):
+    dispatch_table = _DISPATCH
+
+
 def _cloud_pickler():
     import cloudpickle
 
-    class CloudPickler(cloudpickle.CloudPickler):
-        def __init__(self, file, packer):
-            super().__init__(file, _PROTOCOL)
-            self._packer = packer
-
-        def persistent_id(self, obj):
-            if isinstance(obj, torch.Tensor):
-                return self._packer.ref(obj)
-            return None
+    class CloudPickler(_TensorRefs, cloudpickle.CloudPickler):
+        pass
 
     return CloudPickler
 
