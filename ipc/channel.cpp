@@ -32,7 +32,7 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
-constexpr std::uint32_t kVersion = 2;  // 2: max_messages and the message count
+constexpr std::uint32_t kVersion = 2;                     // 2: max_messages and the message count
 constexpr std::uint32_t kProducer = 1;
 constexpr std::uint32_t kConsumer = 2;
 constexpr std::size_t kParticipants = 32;
@@ -69,8 +69,8 @@ struct RingHeader {
   std::atomic<std::uint64_t> magic;  // written last, by a release store: see create()
   std::uint32_t version;
   std::uint32_t capacity;
-  std::uint32_t record_size;  // already rounded up to 8
-  std::uint32_t slot_size;    // kSlotHeader + record_size
+  std::uint32_t record_size;   // already rounded up to 8
+  std::uint32_t slot_size;     // kSlotHeader + record_size
   std::uint32_t max_messages;  // 0: unbounded
   pthread_mutex_t mutex;
   // head and tail are positions since creation; each changes only by the single commit store at
@@ -426,14 +426,14 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       return seq;
     }
     if (deadline.passed()) {
-      throw Error(Errc::timeout,
-                  "push of " + std::to_string(count) + " records timed out after " +
-                      ms_text(timeout) + ": the channel (capacity " + std::to_string(h->capacity) +
-                      " records" +
-                      (h->max_messages ? ", " + std::to_string(h->max_messages) + " messages" : "") +
-                      ") stayed full; consumers are not keeping up: pop faster, add "
-                      "consumers, pass a longer timeout, or create the channel with a larger "
-                      "capacity");
+      throw Error(
+          Errc::timeout,
+          "push of " + std::to_string(count) + " records timed out after " + ms_text(timeout) +
+              ": the channel (capacity " + std::to_string(h->capacity) + " records" +
+              (h->max_messages ? ", " + std::to_string(h->max_messages) + " messages" : "") +
+              ") stayed full; consumers are not keeping up: pop faster, add "
+              "consumers, pass a longer timeout, or create the channel with a larger "
+              "capacity");
     }
     if (peer_check.due() && peers_with_role_dead(kConsumer)) {
       throw Error(Errc::peer_dead,

@@ -44,9 +44,9 @@ class Channel {
   static std::shared_ptr<Channel> attach(UniqueFd fd);
 
   // Pushes a message of `count` records (1 <= count <= capacity) as one unit: consumers see all
-  // of it or none. Blocks while the ring lacks room (records, or max_messages); throws Error(timeout), Error(closed), or
-  // Error(peer_dead) when every registered consumer has exited. Returns the message's sequence
-  // number (its first record's position since creation).
+  // of it or none. Blocks while the ring lacks room (records, or max_messages); throws
+  // Error(timeout), Error(closed), or Error(peer_dead) when every registered consumer has exited.
+  // Returns the message's sequence number (its first record's position since creation).
   std::uint64_t push(const void* records, std::uint32_t count, std::chrono::milliseconds timeout);
 
   // Pops the oldest message into `out` (resized to count * record_size). `claim`, if given, runs
@@ -68,10 +68,10 @@ class Channel {
 
   std::uint32_t capacity() const noexcept;
   std::uint32_t record_size() const noexcept;
-  std::uint32_t size() const noexcept;  // records in the ring now
+  std::uint32_t size() const noexcept;          // records in the ring now
   std::uint32_t messages() const noexcept;      // messages in the ring now
   std::uint32_t max_messages() const noexcept;  // 0: no bound but capacity
-  int fd() const noexcept;              // the segment's fd, for passing to a spawned process
+  int fd() const noexcept;  // the segment's fd, for passing to a spawned process
 
   ~Channel();
   Channel(const Channel&) = delete;

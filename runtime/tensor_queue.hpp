@@ -37,7 +37,7 @@ using Tensors = std::vector<at::Tensor>;
 class TensorQueue {
  public:
   struct Options {
-    std::uint32_t capacity = 64;  // tensors in flight (a message of n tensors takes n places)
+    std::uint32_t capacity = 64;     // tensors in flight (a message of n tensors takes n places)
     std::uint32_t max_messages = 0;  // messages queued at most, whatever their size; 0: no bound
   };
 
@@ -85,10 +85,10 @@ class TensorQueue {
   bool closed() const noexcept;
 
   std::uint32_t capacity() const noexcept;
-  std::uint32_t size() const noexcept;  // tensors queued now
+  std::uint32_t size() const noexcept;          // tensors queued now
   std::uint32_t messages() const noexcept;      // messages queued now
   std::uint32_t max_messages() const noexcept;  // Options::max_messages
-  int fd() const noexcept;              // pass to a spawned child (clear FD_CLOEXEC first)
+  int fd() const noexcept;                      // pass to a spawned child (clear FD_CLOEXEC first)
 
  private:
   explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}

@@ -142,8 +142,8 @@ LaunchedWorker launch_worker(Start how, int control, const std::string& executab
                              const std::vector<std::string>& args) {
   LaunchedWorker w;
   w.how = how;
-  w.pid =
-      how == Start::Fork ? fork_worker(control, close_in_child) : spawn_worker(control, executable, args);
+  w.pid = how == Start::Fork ? fork_worker(control, close_in_child)
+                             : spawn_worker(control, executable, args);
   try {
     w.pidfd = open_pidfd(w.pid);
   } catch (...) {

@@ -72,29 +72,31 @@ void bind_errors(py::module_& m) {
                        "A ferry failure; `code` names it (ferry::Errc, e.g. 'shm_exhausted').",
                        py::make_tuple(runtime_error));
   py::object error = py::reinterpret_borrow<py::object>(g.error);
-  g.invalid = make_class(m, "InvalidArgument", "A value passed to ferry is out of range.",
-                         py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)));
-  g.timeout = make_class(m, "Timeout", "A wait ran out before its condition held.",
-                         py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_TimeoutError)));
+  g.invalid =
+      make_class(m, "InvalidArgument", "A value passed to ferry is out of range.",
+                 py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)));
+  g.timeout =
+      make_class(m, "Timeout", "A wait ran out before its condition held.",
+                 py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_TimeoutError)));
   // Python 3.13's queue.ShutDown is the same event (a queue shut down for every user); where it
   // exists, ferry.ShutDown is one, so either name catches it.
   py::tuple shutdown_bases = py::make_tuple(error);
   py::module_ queue = py::module_::import("queue");
-  if (py::hasattr(queue, "ShutDown")) shutdown_bases = py::make_tuple(error, queue.attr("ShutDown"));
+  if (py::hasattr(queue, "ShutDown"))
+    shutdown_bases = py::make_tuple(error, queue.attr("ShutDown"));
   g.closed = make_class(m, "ShutDown", "The queue or pool was shut down.", shutdown_bases);
-  g.peer_dead = make_class(m, "PeerDead",
-                           "Every process on the other side of a queue has exited.",
+  g.peer_dead = make_class(m, "PeerDead", "Every process on the other side of a queue has exited.",
                            py::make_tuple(error));
   g.shm_exhausted = make_class(
       m, "ShmExhausted",
       "The shared-memory filesystem has no room; the message names the sizes and the remedy.",
       py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_MemoryError)));
-  g.task = make_class(m, "TaskError",
-                      "A pool task failed; the message carries the worker's traceback.",
-                      py::make_tuple(error));
-  g.worker_lost = make_class(m, "WorkerLost",
-                             "A pool task's worker died or timed out on every attempt.",
-                             py::make_tuple(py::reinterpret_borrow<py::object>(g.task)));
+  g.task =
+      make_class(m, "TaskError", "A pool task failed; the message carries the worker's traceback.",
+                 py::make_tuple(error));
+  g.worker_lost =
+      make_class(m, "WorkerLost", "A pool task's worker died or timed out on every attempt.",
+                 py::make_tuple(py::reinterpret_borrow<py::object>(g.task)));
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

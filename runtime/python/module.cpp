@@ -97,7 +97,8 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release unlocked;
         return ferry::flush(ms);
       },
-      py::arg("timeout"), "waits until receivers took what this process sent; returns what is left");
+      py::arg("timeout"),
+      "waits until receivers took what this process sent; returns what is left");
   m.def("exit_linger", [] {
     using std::chrono::milliseconds;
     return ferry::env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),

@@ -89,9 +89,10 @@ void bind_pool(py::module_& m) {
   py::class_<Future>(m, "Future")
       .def("wait", &Future::wait, py::arg("timeout") = py::none(),
            "True once the task has ended (within `timeout` seconds)")
-      .def("done", [](const Future& f) {
-        return f.f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-      })
+      .def("done",
+           [](const Future& f) {
+             return f.f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+           })
       .def("get", &Future::get, "(payload, bases) of the result, or raises the task's error");
 
   py::class_<Pool::Results>(m, "Results")

@@ -24,8 +24,8 @@ using Key = std::tuple<int, int, std::uintptr_t, std::size_t>;
 
 Key key_of(const c10::Storage& s) {
   const c10::Device d = s.device();
-  return {static_cast<int>(d.type()), d.index(), reinterpret_cast<std::uintptr_t>(s.data_ptr().get()),
-          s.nbytes()};
+  return {static_cast<int>(d.type()), d.index(),
+          reinterpret_cast<std::uintptr_t>(s.data_ptr().get()), s.nbytes()};
 }
 
 struct Cache {
@@ -54,8 +54,8 @@ at::Tensor base_over(const c10::Storage& s) {
 // The uint8 tensor over the whole storage of `t`.
 at::Tensor storage_base(const at::Tensor& t) {
   if (!t.has_storage()) {
-    throw Error(Errc::invalid_argument, "a " + std::string(c10::toString(t.layout())) +
-                                            " tensor has no storage to send");
+    throw Error(Errc::invalid_argument,
+                "a " + std::string(c10::toString(t.layout())) + " tensor has no storage to send");
   }
   return base_over(t.storage());
 }
@@ -85,7 +85,8 @@ at::Tensor adopt(const at::Tensor& base) {
 }
 
 at::Tensor view_of(const at::Tensor& base, const py::handle& dtype, std::int64_t offset,
-                   const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides) {
+                   const std::vector<std::int64_t>& sizes,
+                   const std::vector<std::int64_t>& strides) {
   if (sizes.size() != strides.size()) {
     throw Error(Errc::bad_record, "a view with " + std::to_string(sizes.size()) + " sizes and " +
                                       std::to_string(strides.size()) + " strides");
@@ -107,8 +108,8 @@ void bind_storages(py::module_& m) {
       "(device type, index, address, bytes) of t's storage, or None without one");
   m.def("storage_base", &storage_base, "the uint8 tensor over the whole storage of t");
   m.def("adopt", &adopt, "the storage this process holds for the same memory as base");
-  m.def("view_of", &view_of, py::arg("base"), py::arg("dtype"), py::arg("offset"),
-        py::arg("sizes"), py::arg("strides"), "a view of base's storage");
+  m.def("view_of", &view_of, py::arg("base"), py::arg("dtype"), py::arg("offset"), py::arg("sizes"),
+        py::arg("strides"), "a view of base's storage");
   m.def("in_shared_memory", &detail::in_shared_memory,
         "t's storage is in shared memory already (an arena, or received)");
   m.def("is_received", &detail::is_received, "t's storage was received from another process");

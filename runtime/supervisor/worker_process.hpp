@@ -40,7 +40,7 @@ struct StartFailure {
 // What every start of a pool's workers shares.
 struct LaunchSpec {
   Start start = Start::Auto;
-  std::string executable;  // for spawn
+  std::string executable;         // for spawn
   std::vector<std::string> args;  // for spawn, before --ferry-control-fd N
   int threads = 1;
   std::uint32_t queue_capacity = 0;  // tensors in each of a worker's two queues
