@@ -18,6 +18,8 @@ import torch
 from . import _C
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+_DTYPES = {name: d for name, d in vars(torch).items() if isinstance(d, torch.dtype)}
+_DTYPE_NAMES = {d: name for name, d in sorted(_DTYPES.items())}
 _MAX_DIMS = 12
 
 # multiprocessing's reducers (connections, sockets...) but not torch.multiprocessing's: a tensor
@@ -51,7 +53,7 @@ class _Packer:
         if r is None:
             r = self._ref(t)
             if r is not None:
-                r = r + (len(self._seen),)
+                r = f"{r};{len(self._seen)}"
             self._seen[id(t)] = r
         return r
 
@@ -73,8 +75,11 @@ class _Packer:
             index = len(self.bases)
             self._index[key] = index
             self.bases.append(_C.storage_base(data))
-        return ("ferry.t", index, t.dtype, t.storage_offset(), tuple(t.size()), t.stride(),
-                t.requires_grad, type(t) is torch.nn.Parameter)
+        # One string, not a tuple: the pickler calls persistent_id again for every object it
+        # saves, the id's own parts included.
+        flags = ("g" if t.requires_grad else "") + ("p" if type(t) is torch.nn.Parameter else "")
+        return (f"{index};{_DTYPE_NAMES[t.dtype]};{t.storage_offset()};"
+                f"{','.join(map(str, t.size()))};{','.join(map(str, t.stride()))};{flags}")
 
 
 class _TensorRefs:
@@ -85,7 +90,9 @@ class _TensorRefs:
         self._packer = packer
 
     def persistent_id(self, obj):
-        if isinstance(obj, torch.Tensor):
+        # Exact types: a subclass other than Parameter goes by value anyway (see carried()).
+        t = type(obj)
+        if t is torch.Tensor or t is torch.nn.Parameter:
             return self._packer.ref(obj)
         return None
 
@@ -133,20 +140,26 @@ class _Unpickler(pickle.Unpickler):
         self._made = {}
 
     def persistent_load(self, pid):
+        t = self._made.get(pid)
+        if t is not None:
+            return t
         try:
-            tag, index, dtype, offset, size, stride, requires_grad, parameter, number = pid
-        except (TypeError, ValueError):
+            index, dtype, offset, size, stride, flags, _ = pid.split(";")
+            index = int(index)
+            dims = [int(x) for x in size.split(",")] if size else []
+            steps = [int(x) for x in stride.split(",")] if stride else []
+            if not 0 <= index < len(self._bases):
+                raise IndexError(index)
+            base = self._bases[index]
+            dtype = _DTYPES[dtype]
+        except (AttributeError, ValueError, IndexError, KeyError):
             raise pickle.UnpicklingError(f"not a ferry tensor reference: {pid!r}") from None
-        if tag != "ferry.t" or not 0 <= index < len(self._bases):
-            raise pickle.UnpicklingError(f"not a ferry tensor reference: {pid!r}")
-        t = self._made.get(number)
-        if t is None:
-            t = _C.view_of(self._bases[index], dtype, offset, list(size), list(stride))
-            if parameter:
-                t = torch.nn.Parameter(t, requires_grad=requires_grad)
-            elif requires_grad:
-                t.requires_grad_(True)
-            self._made[number] = t
+        t = _C.view_of(base, dtype, int(offset), dims, steps)
+        if "p" in flags:
+            t = torch.nn.Parameter(t, requires_grad="g" in flags)
+        elif "g" in flags:
+            t.requires_grad_(True)
+        self._made[pid] = t
         return t
 
 
