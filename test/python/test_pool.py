@@ -64,6 +64,22 @@ def test_imap_imap_unordered_starmap_apply(pool):
     assert r.get(timeout=30) == 144 and r.ready() and r.successful()
 
 
+def test_async_results_wait_time_out_and_report(pool):
+    r = pool.apply_async(lambda: (time.sleep(0.5), "late")[1])
+    assert not r.ready()
+    with pytest.raises(ValueError, match="not ready"):
+        r.successful()
+    with pytest.raises(TimeoutError):
+        r.get(timeout=0.05)
+    r.wait()
+    assert r.ready() and r.successful() and r.get(timeout=0) == "late"
+    bad = pool.apply_async(lambda: [][1])
+    bad.wait(30)
+    assert not bad.successful()
+    with pytest.raises(ferry.TaskError, match="IndexError"):
+        bad.get()
+
+
 def test_apply_async_callbacks_and_map_async(pool):
     done = threading.Event()
     seen = []

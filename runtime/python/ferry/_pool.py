@@ -50,43 +50,80 @@ class _Blob(bytes):
 
 
 class AsyncResult:
-    """multiprocessing's AsyncResult: get(timeout), wait(timeout), ready(), successful()."""
+    """multiprocessing's AsyncResult: get(timeout), wait(timeout), ready(), successful().
 
-    def __init__(self, resolve, callback=None, error_callback=None):
-        self._event = threading.Event()
+    `wait(timeout)` says whether the work has ended; `resolve()` gives its value or raises. No
+    thread is involved unless a callback is given: get() waits on the task itself.
+    """
+
+    def __init__(self, wait, resolve, callback=None, error_callback=None):
+        self._wait = wait
+        self._resolve = resolve
+        self._lock = threading.Lock()
+        self._settled = False
         self._value = None
         self._error = None
+        if callback is not None or error_callback is not None:
+            def notify():
+                self._wait(None)
+                self._settle()
+                if self._error is None and callback is not None:
+                    callback(self._value)
+                elif self._error is not None and error_callback is not None:
+                    error_callback(self._error)
 
-        def run():
-            try:
-                self._value = resolve()
-            except BaseException as e:
-                self._error = e
-            self._event.set()
-            if self._error is None and callback is not None:
-                callback(self._value)
-            elif self._error is not None and error_callback is not None:
-                error_callback(self._error)
+            threading.Thread(target=notify, name="ferry-callback", daemon=True).start()
 
-        threading.Thread(target=run, name="ferry-result", daemon=True).start()
+    def _settle(self):
+        with self._lock:
+            if not self._settled:
+                try:
+                    self._value = self._resolve()
+                except BaseException as e:
+                    self._error = e
+                self._settled = True
 
     def ready(self):
-        return self._event.is_set()
+        return self._settled or self._wait(0)
 
     def successful(self):
         if not self.ready():
             raise ValueError(f"{self!r} not ready")
+        self._settle()
         return self._error is None
 
     def wait(self, timeout=None):
-        self._event.wait(timeout)
+        self._wait(timeout)
 
     def get(self, timeout=None):
-        if not self._event.wait(timeout):
+        if not self._wait(timeout):
             raise TimeoutError
+        self._settle()
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _in_thread(work):
+    """(wait, resolve) for `work` run in a thread of its own (map_async, starmap_async)."""
+    done = threading.Event()
+    box = {}
+
+    def run():
+        try:
+            box["value"] = work()
+        except BaseException as e:
+            box["error"] = e
+        done.set()
+
+    threading.Thread(target=run, name="ferry-map-async", daemon=True).start()
+
+    def resolve():
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return done.wait, resolve
 
 
 class Pool:
@@ -145,7 +182,8 @@ class Pool:
         call = (lambda a: func(*a[0], **a[1])) if kwds else func
         future = self._submit(call, [(tuple(args), dict(kwds)) if kwds else tuple(args)],
                               star=not kwds)
-        return AsyncResult(lambda: _pickle.loads(*future.get())[0], callback, error_callback)
+        return AsyncResult(future.wait, lambda: _pickle.loads(*future.get())[0], callback,
+                           error_callback)
 
     def apply(self, func, args=(), kwds={}):
         return self.apply_async(func, args, kwds).get()
@@ -211,13 +249,14 @@ class Pool:
     def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
         self._check_running()
         iterable = list(iterable)
-        return AsyncResult(lambda: self.map(func, iterable, chunksize), callback, error_callback)
+        return AsyncResult(*_in_thread(lambda: self.map(func, iterable, chunksize)), callback,
+                           error_callback)
 
     def starmap_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
         self._check_running()
         iterable = list(iterable)
-        return AsyncResult(lambda: self.starmap(func, iterable, chunksize), callback,
-                           error_callback)
+        return AsyncResult(*_in_thread(lambda: self.starmap(func, iterable, chunksize)),
+                           callback, error_callback)
 
     # -- life -----------------------------------------------------------------------------------
     def close(self):
