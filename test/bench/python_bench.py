@@ -54,10 +54,10 @@ DEADLINE = {"full": 900, "quick": 180}
 
 QUICK = {"rt_trips": 200, "rt_cap": 0.15, "fw_trips": 50, "fw_cap": 0.1, "tp_bytes": 16 * MIB,
          "tp_max": 200, "tp_cap": 0.15, "tp_repeats": 1, "noop_tasks": 40, "noop_repeats": 5,
-         "mlp_tasks": 16, "mlp_repeats": 1}
+         "apply_calls": 20, "mlp_tasks": 16, "mlp_repeats": 1}
 FULL = {"rt_trips": 2000, "rt_cap": 2.0, "fw_trips": 500, "fw_cap": 1.0, "tp_bytes": 256 * MIB,
         "tp_max": 4000, "tp_cap": 1.5, "tp_repeats": 3, "noop_tasks": 1000, "noop_repeats": 5,
-        "mlp_tasks": 150, "mlp_repeats": 3}
+        "apply_calls": 500, "mlp_tasks": 150, "mlp_repeats": 3}
 RT_SIZES = [4 * KIB, MIB]
 TP_SIZES = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
 TP_MIN_MESSAGES = 5  # a time cap never cuts a throughput run below this
@@ -548,6 +548,21 @@ def pool_rows(report, cfg, results):
                     times[kind].append(s / cfg["noop_tasks"] * 1e6)
             results[label] = times
             us = {k: statistics.median(v) for k, v in times.items()}
+            report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"])
+        except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
+            report.fail(label, e)
+
+        label = "pool apply one at a time, p50 (us)"
+        try:
+            lat = {"ferry": [], "torch": []}
+            for kind, pool in pools.items():
+                for _ in range(cfg["apply_calls"]):
+                    t0 = time.perf_counter()
+                    if pool.apply_async(noop, (None,)).get(TIMEOUT) is not None:
+                        raise Failed(f"{kind} {label}: wrong result")
+                    lat[kind].append((time.perf_counter() - t0) * 1e6)
+            results[label] = lat
+            us = {k: statistics.median(v) for k, v in lat.items()}
             report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"])
         except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
             report.fail(label, e)
