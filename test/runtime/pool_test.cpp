@@ -253,6 +253,19 @@ TEST_CASE("the default ferry-worker executable is found and runs the built-in ml
   CHECK(at::allclose(out, reference_mlp(batch), 1e-5, 1e-5));
 }
 
+TEST_CASE("worker_args come before the control fd, so an interpreter can start the worker") {
+  // The Python package starts `python -c CODE --ferry-control-fd N` this way; a shell shows the
+  // same: it runs its $0 (the worker) with the rest of the arguments.
+  PoolOptions o;
+  o.devices = {"cpu"};
+  o.start = Start::Spawn;
+  o.worker_executable = "/bin/sh";
+  o.worker_args = {"-c", "exec \"$0\" \"$@\"", FERRY_WORKER_EXE};
+  Pool pool(o);
+  const at::Tensor batch = at::randn({4, kMlpFeatures});
+  CHECK(at::allclose(pool.submit("mlp", {batch}).get().at(0), reference_mlp(batch), 1e-5, 1e-5));
+}
+
 TEST_CASE("a protocol mismatch is a clear error on both sides") {
   const std::string log = "/tmp/ferry-handshake-" + std::to_string(::getpid()) + ".log";
   test::in_child([&] {

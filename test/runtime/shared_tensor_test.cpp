@@ -34,6 +34,37 @@ TEST_CASE("to_shared copies values and keeps dense strides", "[shared]") {
   REQUIRE(ferry::to_shared(gapped).equal(gapped));
 }
 
+TEST_CASE("share_ moves a storage into the arena in place, and every view follows", "[shared]") {
+  at::Tensor t = at::arange(100, at::kFloat);
+  at::Tensor view = t.slice(0, 10, 20);
+  const void* before = t.data_ptr();
+  REQUIRE(ferry::share_(t).is_same(t));
+  REQUIRE(ferry::is_shared(t));
+  REQUIRE(ferry::is_shared(view));
+  REQUIRE(t.data_ptr() != before);
+  REQUIRE(view.data_ptr<float>() == t.data_ptr<float>() + 10);
+  REQUIRE(at::equal(t, at::arange(100, at::kFloat)));
+  view.fill_(-1);
+  REQUIRE(t[15].item<float>() == -1);
+  // Resizing would reallocate out of shared memory, where peers would not see it.
+  REQUIRE_THROWS(t.resize_({1000}));
+  // Already shared: left as it is (idempotent); an empty storage has nothing to move.
+  const void* shared_at = t.data_ptr();
+  ferry::share_(t);
+  REQUIRE(t.data_ptr() == shared_at);
+  at::Tensor none = at::empty({0});
+  REQUIRE_NOTHROW(ferry::share_(none));
+  REQUIRE_FALSE(ferry::is_shared(none));
+  // A received tensor is in shared memory already: share_ keeps it a view of its sender's.
+  auto q = ferry::TensorQueue::create();
+  q.send({ferry::empty_shared({4}).fill_(3)});
+  at::Tensor received = q.recv(std::chrono::seconds(5)).at(0);
+  const void* received_at = received.data_ptr();
+  ferry::share_(received);
+  REQUIRE(received.data_ptr() == received_at);
+  REQUIRE_THROWS_AS(ferry::share_(at::eye(3).to_sparse()), Error);
+}
+
 TEST_CASE("empty_shared refuses bad requests by name", "[shared]") {
   REQUIRE_THROWS_WITH(ferry::empty_shared({2, -1}), Catch::Contains("-1"));
   REQUIRE_THROWS_WITH(ferry::empty_shared({2}, at::TensorOptions().layout(at::kSparse)),
