@@ -5,11 +5,13 @@
 
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "ipc/error.hpp"
+#include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_codec.hpp"
 
 namespace py = pybind11;
@@ -96,6 +98,66 @@ at::Tensor view_of(const at::Tensor& base, const py::handle& dtype, std::int64_t
       .set_(base.storage(), offset, sizes, strides);
 }
 
+// What a message says of tensor `t` besides its storage, or None when ferry does not carry it
+// (sparse, quantized, another device, too many dimensions: it is pickled by value). Else
+// (storage key, the tensor whose storage travels, "dtype;offset;sizes;strides"), where a lazily
+// conjugated or negated view is resolved first (those bits are not in the storage) and a CPU
+// storage is moved into the arena in place. One call, since each Python attribute read costs.
+py::object describe(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || t.is_quantized() ||
+      !(t.is_cpu() || t.is_cuda()) || t.dim() > 12) {
+    return py::none();
+  }
+  at::Tensor data = t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t;
+  if (data.is_cpu()) share_(data);
+  std::string meta = std::to_string(static_cast<int>(data.scalar_type())) + ';' +
+                     std::to_string(data.storage_offset()) + ';';
+  for (std::int64_t d = 0; d < data.dim(); ++d) {
+    meta += (d ? "," : "") + std::to_string(data.size(d));
+  }
+  meta += ';';
+  for (std::int64_t d = 0; d < data.dim(); ++d) {
+    meta += (d ? "," : "") + std::to_string(data.stride(d));
+  }
+  return py::make_tuple(key_of(data.storage()), data, meta);
+}
+
+std::vector<std::int64_t> numbers(const std::string& text, std::size_t& at, char end) {
+  std::vector<std::int64_t> out;
+  while (at < text.size() && text[at] != end) {
+    std::size_t used = 0;
+    out.push_back(std::stoll(text.substr(at), &used));
+    at += used;
+    if (at < text.size() && text[at] == ',') ++at;
+  }
+  if (at >= text.size() || text[at] != end) throw std::invalid_argument("truncated");
+  ++at;
+  return out;
+}
+
+// The view that describe()'s "dtype;offset;sizes;strides" names on `base`'s storage.
+at::Tensor view_described(const at::Tensor& base, const std::string& meta) {
+  try {
+    std::size_t at = 0;
+    const auto head = numbers(meta, at, ';');  // dtype
+    const auto offset = numbers(meta, at, ';');
+    const auto sizes = numbers(meta, at, ';');
+    const std::string tail = meta.substr(at) + ";";
+    std::size_t at2 = 0;
+    const auto strides = numbers(tail, at2, ';');
+    if (head.size() != 1 || offset.size() != 1 || sizes.size() != strides.size() || head[0] < 0 ||
+        head[0] >= static_cast<int>(at::ScalarType::NumOptions)) {
+      throw std::invalid_argument("bad fields");
+    }
+    const auto dtype = static_cast<at::ScalarType>(head[0]);
+    return at::empty({0}, base.options().dtype(dtype))
+        .set_(base.storage(), offset[0], sizes, strides);
+  } catch (const std::logic_error& e) {
+    throw Error(Errc::bad_record, "a tensor reference '" + meta + "' is malformed (" + e.what() +
+                                      "); the message was not made by this ferry");
+  }
+}
+
 }  // namespace
 
 void bind_storages(py::module_& m) {
@@ -110,6 +172,10 @@ void bind_storages(py::module_& m) {
   m.def("adopt", &adopt, "the storage this process holds for the same memory as base");
   m.def("view_of", &view_of, py::arg("base"), py::arg("dtype"), py::arg("offset"), py::arg("sizes"),
         py::arg("strides"), "a view of base's storage");
+  m.def("describe", &describe, py::arg("t"),
+        "None, or (storage key, tensor to send the storage of, view description) for t");
+  m.def("view_described", &view_described, py::arg("base"), py::arg("meta"),
+        "the view describe() described, on base's storage");
   m.def("in_shared_memory", &detail::in_shared_memory,
         "t's storage is in shared memory already (an arena, or received)");
   m.def("is_received", &detail::is_received, "t's storage was received from another process");

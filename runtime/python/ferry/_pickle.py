@@ -18,9 +18,6 @@ import torch
 from . import _C
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
-_DTYPES = {name: d for name, d in vars(torch).items() if isinstance(d, torch.dtype)}
-_DTYPE_NAMES = {d: name for name, d in sorted(_DTYPES.items())}
-_MAX_DIMS = 12
 
 # multiprocessing's reducers (connections, sockets...) but not torch.multiprocessing's: a tensor
 # that ferry leaves to pickle goes by value, not by torch's file descriptors.
@@ -31,12 +28,6 @@ _DISPATCH.update({k: v for k, v in ForkingPickler._extra_reducers.items()
 NON_LEAF = ("a tensor that requires grad and is not a leaf cannot cross a process boundary: "
             "autograd does not follow it there. Send t.detach() for the data, or make it a leaf "
             "(t.detach().requires_grad_()) to keep requires_grad")
-
-
-def carried(t):
-    """True when ferry's transport carries t (else it is pickled by value)."""
-    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
-            and t.device.type in ("cpu", "cuda") and not t.is_quantized and t.dim() <= _MAX_DIMS)
 
 
 class _Packer:
@@ -53,21 +44,17 @@ class _Packer:
         if r is None:
             r = self._ref(t)
             if r is not None:
-                r = f"{r};{len(self._seen)}"
+                r = f"{r}|{len(self._seen)}"
             self._seen[id(t)] = r
         return r
 
     def _ref(self, t):
         if t.requires_grad and not t.is_leaf:
             raise RuntimeError(NON_LEAF)
-        if not carried(t):
+        described = _C.describe(t)
+        if described is None:
             return None
-        if t.is_conj() or t.is_neg():
-            t = t.resolve_conj().resolve_neg()  # the bits are not part of the storage
-        data = t.detach()
-        if data.device.type == "cpu":
-            _C.share_(data)  # in place: the sender keeps using the shared storage
-        key = _C.storage_key(data)
+        key, data, meta = described
         index = self._index.get(key)
         if index is None:
             if len(self.bases) >= self._limit:
@@ -78,8 +65,7 @@ class _Packer:
         # One string, not a tuple: the pickler calls persistent_id again for every object it
         # saves, the id's own parts included.
         flags = ("g" if t.requires_grad else "") + ("p" if type(t) is torch.nn.Parameter else "")
-        return (f"{index};{_DTYPE_NAMES[t.dtype]};{t.storage_offset()};"
-                f"{','.join(map(str, t.size()))};{','.join(map(str, t.stride()))};{flags}")
+        return f"{index}|{meta}|{flags}"
 
 
 class _TensorRefs:
@@ -90,7 +76,7 @@ class _TensorRefs:
         self._packer = packer
 
     def persistent_id(self, obj):
-        # Exact types: a subclass other than Parameter goes by value anyway (see carried()).
+        # Exact types: a subclass other than Parameter goes by value (it may hold more state).
         t = type(obj)
         if t is torch.Tensor or t is torch.nn.Parameter:
             return self._packer.ref(obj)
@@ -144,17 +130,13 @@ class _Unpickler(pickle.Unpickler):
         if t is not None:
             return t
         try:
-            index, dtype, offset, size, stride, flags, _ = pid.split(";")
+            index, meta, flags, _ = pid.split("|")
             index = int(index)
-            dims = [int(x) for x in size.split(",")] if size else []
-            steps = [int(x) for x in stride.split(",")] if stride else []
             if not 0 <= index < len(self._bases):
                 raise IndexError(index)
-            base = self._bases[index]
-            dtype = _DTYPES[dtype]
-        except (AttributeError, ValueError, IndexError, KeyError):
+        except (AttributeError, ValueError, IndexError):
             raise pickle.UnpicklingError(f"not a ferry tensor reference: {pid!r}") from None
-        t = _C.view_of(base, dtype, int(offset), dims, steps)
+        t = _C.view_described(self._bases[index], meta)
         if "p" in flags:
             t = torch.nn.Parameter(t, requires_grad="g" in flags)
         elif "g" in flags:
