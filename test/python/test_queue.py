@@ -4,7 +4,6 @@ rely on them, and where torch.multiprocessing fails."""
 import multiprocessing as mp
 import os
 import queue
-import signal
 import time
 
 import pytest

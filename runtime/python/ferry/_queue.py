@@ -1,8 +1,5 @@
 """ferry.Queue and ferry.SimpleQueue: multiprocessing's queues, with tensors by ferry."""
 
-import math
-import multiprocessing
-import multiprocessing.util
 import os
 import queue as _stdqueue
 from multiprocessing.reduction import DupFd
@@ -12,8 +9,10 @@ from . import _pickle
 from ._exit import linger_at_exit
 
 # Tensors one queue holds in flight (each message takes one for its payload and one per
-# storage); a message of more storages sends the rest by value.
+# storage; a message of more storages sends the rest by value): room for `maxsize` messages of a
+# tensor each, at least 4096, at most a channel's 65535.
 _CAPACITY = 4096
+_MAX_CAPACITY = 65535
 
 
 def _seconds(block, timeout):
@@ -36,7 +35,8 @@ class Queue:
     def __init__(self, maxsize=0, *, ctx=None):
         if maxsize < 0 or maxsize != int(maxsize):
             raise ValueError(f"maxsize {maxsize!r} is not a non-negative integer")
-        self._q = _C.TensorQueue.create(_CAPACITY, int(maxsize))
+        capacity = min(_MAX_CAPACITY, max(_CAPACITY, 2 * int(maxsize)))
+        self._q = _C.TensorQueue.create(capacity, int(maxsize))
         self._closed = False
 
     # -- multiprocessing.Queue ----------------------------------------------------------------
