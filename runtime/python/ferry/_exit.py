@@ -1,11 +1,11 @@
 """A process that put tensors stays until receivers took them (FERRY_EXIT_LINGER_MS).
 
-Its shared memory cannot be fetched once it is gone. C++ does this at exit(); a Python process
-may end with os._exit() instead (every multiprocessing child does), so the wait is also
-registered with multiprocessing's exit hooks, which run before that.
+Its shared memory cannot be fetched once it is gone. libferry waits at exit() (an atexit handler
+registered at its first send), which covers an interpreter's normal exit; a multiprocessing child
+ends with os._exit() instead, so there the wait is registered with multiprocessing's exit hooks,
+which run before that.
 """
 
-import atexit
 import logging
 import multiprocessing.util
 import os
@@ -30,6 +30,6 @@ def linger_at_exit():
     if _registered_in == pid:
         return
     _registered_in = pid
-    # Before multiprocessing stops this process's daemonic children, which may be the receivers.
-    multiprocessing.util.Finalize(None, _linger, exitpriority=100)
-    atexit.register(_linger)
+    if multiprocessing.parent_process() is not None:
+        # Before multiprocessing stops this process's daemonic children, which may be receivers.
+        multiprocessing.util.Finalize(None, _linger, exitpriority=100)
