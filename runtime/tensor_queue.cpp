@@ -46,10 +46,7 @@ void register_linger_once() {
   static std::atomic<pid_t> registered{0};
   const pid_t me = current_pid();
   if (registered.load() == me) return;
-  using std::chrono::milliseconds;
-  g_exit_linger_ms = env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),
-                                 std::chrono::hours(1))
-                         .count();
+  g_exit_linger_ms = exit_linger().count();
   if (registered.exchange(me) != me) std::atexit(linger_at_exit);
 }
 constexpr std::int64_t kDeadCheckNs = 100'000'000;  // how often a sender looks for dead holders
@@ -120,6 +117,12 @@ std::size_t flush(std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return waiting;
+}
+
+std::chrono::milliseconds exit_linger() {
+  using std::chrono::milliseconds;
+  return env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),
+                     std::chrono::hours(1));
 }
 
 TensorQueue TensorQueue::create(const Options& options) {

@@ -105,4 +105,8 @@ class TensorQueue {
 // exited, so call this before _exit() (a normal exit() does it, up to FERRY_EXIT_LINGER_MS).
 std::size_t flush(std::chrono::milliseconds timeout);
 
+// How long a normal exit waits in flush(): FERRY_EXIT_LINGER_MS, 2 s by default. Throws
+// Error(invalid_argument) for a bad value.
+std::chrono::milliseconds exit_linger();
+
 }  // namespace ferry

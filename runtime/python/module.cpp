@@ -6,7 +6,6 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
-#include "ipc/env.hpp"
 #include "ipc/shm_check.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/python/errors.hpp"
@@ -99,13 +98,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("timeout"),
       "waits until receivers took what this process sent; returns what is left");
-  m.def("exit_linger", [] {
-    using std::chrono::milliseconds;
-    return ferry::env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),
-                              std::chrono::hours(1))
-               .count() /
-           1000.0;
-  });
+  m.def(
+      "exit_linger", [] { return ferry::exit_linger().count() / 1000.0; },
+      "FERRY_EXIT_LINGER_MS in seconds");
   m.def("transport_stats", &transport_stats_dict);
   m.def("arena_stats", &arena_stats_dict);
   m.def(

@@ -23,14 +23,14 @@ void bind_queue(py::module_& m) {
       .def(
           "put",
           [](TensorQueue& q, const py::bytes& payload, const std::vector<at::Tensor>& bases,
-             std::optional<double> timeout, bool detached) {
+             std::optional<double> timeout) {
             Tensors message = pack_message(payload, bases);
             const auto ms = to_timeout(timeout);
             py::gil_scoped_release unlocked;
-            q.send(message, TensorQueue::SendOptions{detached, ms});
+            q.send(message, ms);
           },
           py::arg("payload"), py::arg("bases"), py::arg("timeout") = py::none(),
-          py::arg("detached") = false, "sends one message; blocks while the queue is full")
+          "sends one message; blocks while the queue is full")
       .def(
           "get",
           [](TensorQueue& q, std::optional<double> timeout) {
@@ -44,8 +44,6 @@ void bind_queue(py::module_& m) {
           },
           py::arg("timeout") = py::none(), "(payload, bases) of the oldest message")
       .def("shutdown", &TensorQueue::close, "closes the queue for every process")
-      .def("is_shut_down", &TensorQueue::closed)
-      .def("tensors", &TensorQueue::size, "tensors queued now")
       .def("messages", &TensorQueue::messages, "messages queued now")
       .def("max_messages", &TensorQueue::max_messages)
       .def("capacity", &TensorQueue::capacity)

@@ -1,7 +1,6 @@
 #include "runtime/python/storages.hpp"
 
 #include <pybind11/stl.h>
-#include <torch/csrc/Dtype.h>
 
 #include <map>
 #include <mutex>
@@ -40,14 +39,6 @@ Cache& cache() {
   return *c;
 }
 
-at::ScalarType dtype_of(const py::handle& dtype) {
-  if (!THPDtype_Check(dtype.ptr())) {
-    throw Error(Errc::invalid_argument,
-                "expected a torch.dtype, got " + std::string(py::str(py::type::of(dtype))));
-  }
-  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
-}
-
 at::Tensor base_over(const c10::Storage& s) {
   return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(s.device()))
       .set_(s, 0, {static_cast<std::int64_t>(s.nbytes())}, {1});
@@ -84,18 +75,6 @@ at::Tensor adopt(const at::Tensor& base) {
     c.inserts_since_sweep = 0;
   }
   return base;
-}
-
-at::Tensor view_of(const at::Tensor& base, const py::handle& dtype, std::int64_t offset,
-                   const std::vector<std::int64_t>& sizes,
-                   const std::vector<std::int64_t>& strides) {
-  if (sizes.size() != strides.size()) {
-    throw Error(Errc::bad_record, "a view with " + std::to_string(sizes.size()) + " sizes and " +
-                                      std::to_string(strides.size()) + " strides");
-  }
-  // set_ checks the view lies inside the storage, so a bad pickle cannot reach past it.
-  return at::empty({0}, base.options().dtype(dtype_of(dtype)))
-      .set_(base.storage(), offset, sizes, strides);
 }
 
 // What a message says of tensor `t` besides its storage, or None when ferry does not carry it
@@ -138,13 +117,13 @@ std::vector<std::int64_t> numbers(const std::string& text, std::size_t& at, char
 // The view that describe()'s "dtype;offset;sizes;strides" names on `base`'s storage.
 at::Tensor view_described(const at::Tensor& base, const std::string& meta) {
   try {
+    const std::string text = meta + ';';  // every field ends with ';'
     std::size_t at = 0;
-    const auto head = numbers(meta, at, ';');  // dtype
-    const auto offset = numbers(meta, at, ';');
-    const auto sizes = numbers(meta, at, ';');
-    const std::string tail = meta.substr(at) + ";";
-    std::size_t at2 = 0;
-    const auto strides = numbers(tail, at2, ';');
+    const auto head = numbers(text, at, ';');  // dtype
+    const auto offset = numbers(text, at, ';');
+    const auto sizes = numbers(text, at, ';');
+    const auto strides = numbers(text, at, ';');
+    if (at != text.size()) throw std::invalid_argument("trailing fields");
     if (head.size() != 1 || offset.size() != 1 || sizes.size() != strides.size() || head[0] < 0 ||
         head[0] >= static_cast<int>(at::ScalarType::NumOptions)) {
       throw std::invalid_argument("bad fields");
@@ -161,24 +140,12 @@ at::Tensor view_described(const at::Tensor& base, const std::string& meta) {
 }  // namespace
 
 void bind_storages(py::module_& m) {
-  m.def(
-      "storage_key",
-      [](const at::Tensor& t) {
-        if (!t.has_storage()) return py::object(py::none());
-        return py::object(py::cast(key_of(t.storage())));
-      },
-      "(device type, index, address, bytes) of t's storage, or None without one");
   m.def("storage_base", &storage_base, "the uint8 tensor over the whole storage of t");
   m.def("adopt", &adopt, "the storage this process holds for the same memory as base");
-  m.def("view_of", &view_of, py::arg("base"), py::arg("dtype"), py::arg("offset"), py::arg("sizes"),
-        py::arg("strides"), "a view of base's storage");
   m.def("describe", &describe, py::arg("t"),
         "None, or (storage key, tensor to send the storage of, view description) for t");
   m.def("view_described", &view_described, py::arg("base"), py::arg("meta"),
         "the view describe() described, on base's storage");
-  m.def("in_shared_memory", &detail::in_shared_memory,
-        "t's storage is in shared memory already (an arena, or received)");
-  m.def("is_received", &detail::is_received, "t's storage was received from another process");
 }
 
 }  // namespace ferry::python

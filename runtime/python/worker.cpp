@@ -18,13 +18,15 @@ void bind_worker(py::module_& m) {
       [](int control_fd, py::function handler) {
         // Lives as long as the process: the registry keeps the task past the interpreter.
         auto* fn = new py::function(std::move(handler));
-        register_task("python", [fn](TaskContext& ctx, Tensors in) -> Tensors {
+        auto* config = new py::dict();  // the Hello's, the same for every task: made once
+        register_task("python", [fn, config](TaskContext& ctx, Tensors in) -> Tensors {
           py::gil_scoped_acquire gil;
-          py::dict config;
-          for (const auto& [k, v] : *ctx.config) config[py::str(k)] = v;
+          if (config->empty()) {
+            for (const auto& [k, v] : *ctx.config) (*config)[py::str(k)] = v;
+          }
           py::tuple message = unpack_message(std::move(in));
           // (True, payload, bases) or (False, the error with the worker's traceback, [])
-          py::tuple r = (*fn)(ctx.worker_id, ctx.device.str(), config, message[0], message[1]);
+          py::tuple r = (*fn)(ctx.worker_id, ctx.device.str(), *config, message[0], message[1]);
           if (!r[0].cast<bool>()) throw std::runtime_error(r[1].cast<std::string>());
           return pack_message(r[1].cast<py::bytes>(), r[2].cast<std::vector<at::Tensor>>());
         });
