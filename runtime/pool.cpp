@@ -555,6 +555,52 @@ struct Pool::State {
 
 // ---- Pool ------------------------------------------------------------------------------------
 
+namespace {
+
+// PoolOptions::shared as the workers will get it: CPU tensors moved into shared memory in place
+// (the caller's own tensors with them), CUDA ones checked against every worker's device.
+NamedTensors shared_for(const NamedTensors& shared,
+                        const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
+  constexpr std::size_t kMaxShared = 16384;  // a quarter of the arena's leases, per worker
+  if (shared.size() > kMaxShared) {
+    throw Error(Errc::invalid_argument, "PoolOptions::shared holds " +
+                                            std::to_string(shared.size()) + " tensors, more than " +
+                                            std::to_string(kMaxShared) +
+                                            "; share a few large tensors and views of them");
+  }
+  NamedTensors out;
+  for (const auto& [name, t] : shared) {
+    if (name.empty() || !t.defined()) {
+      throw Error(
+          Errc::invalid_argument,
+          "PoolOptions::shared: " + (name.empty() ? std::string("a tensor has an empty name")
+                                                  : "'" + name + "' is an undefined tensor"));
+    }
+    if (t.is_cuda()) {
+      for (const auto& w : workers) {
+        if (w->device() == "cpu") {
+          throw Error(Errc::invalid_argument,
+                      "shared tensor '" + name + "' is on " + t.device().str() + " but worker " +
+                          std::to_string(w->id()) +
+                          " runs on the CPU, where it could only get a copy; share it from the "
+                          "CPU (t.cpu()) or run every worker on CUDA");
+        }
+      }
+      out.emplace(name, t.detach());
+      continue;
+    }
+    try {
+      share_(t);
+    } catch (const Error& e) {
+      throw Error(e.code(), "shared tensor '" + name + "': " + e.detail());
+    }
+    out.emplace(name, t.detach());
+  }
+  return out;
+}
+
+}  // namespace
+
 Pool::Pool(PoolOptions options) : s_(std::make_shared<State>()) {
   State& s = *s_;
   s.opt = std::move(options);
@@ -592,6 +638,8 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>()) {
   s.spec.start_timeout = o.start_timeout;
   s.spec.config = o.config;
   s.spec.require_tasks = o.require_tasks;
+  s.spec.shared = shared_for(o.shared, s.workers);
+  s.spec.queue_capacity += static_cast<std::uint32_t>(s.spec.shared.size());
   if (o.start == Start::Fork) resolve_start(Start::Fork);  // refuse now, before any thread
 
   std::promise<void> started;

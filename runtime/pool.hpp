@@ -70,6 +70,11 @@ struct PoolOptions {
   std::map<std::string, std::string> config;
   // Tasks the workers must have; start-up fails otherwise. Unknown names fail at submit().
   std::vector<std::string> require_tasks;
+  // Tensors every worker, and every restarted one, holds for its whole life: the same memory as
+  // here, not a copy, seen by tasks as TaskContext::shared (model weights for Hogwild training:
+  // share_module(), share_optimizer()). CPU tensors move into shared memory in place when the
+  // pool starts; CUDA tensors travel by IPC handle, so every worker must be a CUDA one.
+  NamedTensors shared;
 };
 
 struct WorkerStats {
@@ -102,7 +107,8 @@ struct PoolStats {
 class Pool {
  public:
   // Starts every worker and waits for its handshake, retrying failed starts by the restart
-  // policy. Throws Error: invalid_argument (bad option, fork after CUDA init), handshake (a
+  // policy. Throws Error: invalid_argument (bad option, fork after CUDA init, a shared tensor a
+  // worker could not share), shm_exhausted (no room to share `shared`), handshake (a
   // worker refused, could not be launched, or kept failing: the message is its last failure).
   explicit Pool(PoolOptions options);
   Pool() : Pool(PoolOptions{}) {}

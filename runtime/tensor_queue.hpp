@@ -22,8 +22,10 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ipc/channel.hpp"
@@ -33,6 +35,8 @@
 namespace ferry {
 
 using Tensors = std::vector<at::Tensor>;
+// Tensors by name: a pool's shared state (PoolOptions::shared), a module's parameters.
+using NamedTensors = std::map<std::string, at::Tensor>;
 
 class TensorQueue {
  public:

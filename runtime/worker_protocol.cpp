@@ -37,6 +37,7 @@ Hello hello_from(const json& j) {
   h.device = j.at("device").get<std::string>();
   h.threads = j.at("threads").get<int>();
   h.config = j.at("config").get<std::map<std::string, std::string>>();
+  h.shared = j.at("shared").get<std::vector<std::string>>();
   return h;
 }
 
@@ -67,7 +68,8 @@ const std::int64_t* words(const at::Tensor& t, std::int64_t kind, std::int64_t c
 std::string encode(const Hello& h) {
   return json{{"version", h.version},     {"supervisor_pid", h.supervisor_pid},
               {"worker_id", h.worker_id}, {"device", h.device},
-              {"threads", h.threads},     {"config", h.config}}
+              {"threads", h.threads},     {"config", h.config},
+              {"shared", h.shared}}
       .dump();
 }
 

@@ -1,10 +1,11 @@
 // What a supervisor and its workers say to each other (internal to ferry).
 //
 // Start-up is a handshake on the control socket: the supervisor sends a Hello (JSON) with the
-// fds of the worker's two queues; the worker checks it and answers a Welcome listing its tasks,
-// or an error. After that everything moves through the queues as ordinary tensor messages whose
-// first tensor is a small int64 envelope (which task, which attempt, and on the way back, how it
-// went), so tasks and their tensors share one zero-copy path and one crash-safe ring.
+// fds of the worker's two queues; the worker checks it, takes the pool's shared tensors from the
+// head of its task queue, and answers a Welcome listing its tasks, or an error. After that
+// everything moves through the queues as ordinary tensor messages whose first tensor is a small
+// int64 envelope (which task, which attempt, and on the way back, how it went), so tasks and their
+// tensors share one zero-copy path and one crash-safe ring.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,7 +21,7 @@
 namespace ferry::protocol {
 
 // Bumped whenever any message below changes shape or meaning.
-inline constexpr int kVersion = 1;
+inline constexpr int kVersion = 2;
 // Tensors one task may take or return (the queues are sized so in-flight work always fits).
 inline constexpr std::size_t kMaxTensorsPerTask = 64;
 
@@ -31,7 +32,15 @@ struct Hello {
   std::string device;  // "cpu", "cuda:1"
   int threads = 1;     // intra-op threads the worker should use
   std::map<std::string, std::string> config;
+  // PoolOptions::shared, by name: its tensors are the first messages on the task queue, in this
+  // order, kMaxTensorsPerTask to a message (shared_messages() of them).
+  std::vector<std::string> shared;
 };
+
+// Messages that carry `n` shared tensors.
+inline std::size_t shared_messages(std::size_t n) {
+  return (n + kMaxTensorsPerTask - 1) / kMaxTensorsPerTask;
+}
 
 struct Welcome {
   int version = kVersion;

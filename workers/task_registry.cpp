@@ -28,6 +28,28 @@ std::string TaskContext::config_value(const std::string& key, const std::string&
   return it == config->end() ? fallback : it->second;
 }
 
+const at::Tensor& TaskContext::shared_tensor(const std::string& name) const {
+  if (shared) {
+    const auto it = shared->find(name);
+    if (it != shared->end()) return it->second;
+  }
+  std::string have;
+  std::size_t listed = 0;
+  for (const auto& [n, t] : shared ? *shared : NamedTensors{}) {
+    if (++listed > 8) {
+      have += ", ...";
+      break;
+    }
+    have += (have.empty() ? "" : ", ") + n;
+  }
+  throw Error(Errc::invalid_argument, "task '" + task + "' asked for shared tensor '" + name +
+                                          "', which the pool does not "
+                                          "share (" +
+                                          std::to_string(shared ? shared->size() : 0) + " shared" +
+                                          (have.empty() ? "" : ": " + have) +
+                                          "); set it in PoolOptions::shared");
+}
+
 void register_task(const std::string& name, TaskFn fn) {
   if (name.empty() || !fn) {
     throw Error(Errc::invalid_argument, "a task needs a name and a function");

@@ -28,9 +28,13 @@ struct TaskContext {
   std::string task;                                            // the name the task was called by
   const std::map<std::string, std::string>* config = nullptr;  // PoolOptions::config
   spdlog::logger* logger = nullptr;                            // ferry's logger (FERRY_LOG)
+  // PoolOptions::shared: the pool's memory itself, for the worker's whole life (never null).
+  const NamedTensors* shared = nullptr;
 
   // config[key], or `fallback` when it is not set.
   std::string config_value(const std::string& key, const std::string& fallback = "") const;
+  // shared[name]. Throws Error(invalid_argument) naming what is shared when it is not there.
+  const at::Tensor& shared_tensor(const std::string& name) const;
   spdlog::logger& log() const { return *logger; }
 };
 

@@ -62,7 +62,8 @@ std::string device_problem(const std::string& device) {
 
 // Runs one task message and sends its result or its error back.
 void handle(const Tensors& message, const protocol::Hello& hello,
-            const std::vector<std::string>& names, TensorQueue& results) {
+            const std::vector<std::string>& names, const NamedTensors& shared,
+            TensorQueue& results) {
   const protocol::TaskEnvelope env = protocol::unpack_task(message.at(0));
   protocol::ResultEnvelope reply;
   reply.task_id = env.task_id;
@@ -80,6 +81,7 @@ void handle(const Tensors& message, const protocol::Hello& hello,
     ctx.task = names[env.task_index];
     ctx.config = &hello.config;
     ctx.logger = &log();
+    ctx.shared = &shared;
     out = (*find_task(ctx.task))(ctx, Tensors(message.begin() + 1, message.end()));
     if (out.size() > protocol::kMaxTensorsPerTask) {
       throw std::length_error("returned " + std::to_string(out.size()) +
@@ -127,6 +129,24 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   }
 }
 
+// The pool's shared tensors, which the supervisor queued ahead of every task: views of its
+// memory (received tensors the user shares deliberately are never copied on receipt).
+NamedTensors take_shared(TensorQueue& tasks, const protocol::Hello& hello) {
+  NamedTensors shared;
+  std::size_t next = 0;
+  for (std::size_t m = 0; m < protocol::shared_messages(hello.shared.size()); ++m) {
+    for (at::Tensor& t : tasks.recv(kHelloTimeout)) {
+      if (next == hello.shared.size()) break;
+      shared.emplace(hello.shared[next++], std::move(t));
+    }
+  }
+  if (next != hello.shared.size()) {
+    throw Error(Errc::bad_record, "the hello names " + std::to_string(hello.shared.size()) +
+                                      " shared tensors but " + std::to_string(next) + " came");
+  }
+  return shared;
+}
+
 int refuse(int control, protocol::Welcome& welcome, const std::string& why) {
   std::fprintf(stderr, "ferry-worker %d: refusing to start: %s\n", static_cast<int>(::getpid()),
                why.c_str());
@@ -166,6 +186,12 @@ int serve_tasks(int control) {
   TensorQueue tasks = TensorQueue::attach(m.fds[0].get());
   TensorQueue results = TensorQueue::attach(m.fds[1].get());
   m.fds.clear();
+  NamedTensors shared;
+  try {
+    shared = take_shared(tasks, hello);
+  } catch (const Error& e) {
+    return refuse(control, welcome, "could not take the pool's shared tensors: " + e.detail());
+  }
   send_control(control, protocol::encode(welcome));
   log().debug("worker {} (pid {}) serving on {}", hello.worker_id, ::getpid(), hello.device);
 
@@ -182,7 +208,7 @@ int serve_tasks(int control) {
       continue;
     }
     try {
-      handle(*message, hello, welcome.tasks, results);
+      handle(*message, hello, welcome.tasks, shared, results);
     } catch (const Error& e) {
       if (e.code() == Errc::peer_dead || e.code() == Errc::closed) return kWorkerSupervisorGone;
       throw;

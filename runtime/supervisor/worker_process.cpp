@@ -91,19 +91,55 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
     hello.device = device_;
     hello.threads = spec.threads;
     hello.config = spec.config;
+    for (const auto& [name, t] : spec.shared) hello.shared.push_back(name);
+    send_shared(spec.shared);
     send_control(control_.get(), protocol::encode(hello), {tasks_->fd(), results_->fd()});
   } catch (const Error& e) {
-    // A worker already gone is seen on its pidfd; anything else ends this start now.
+    // A worker already gone is seen on its pidfd; anything else ends this start now. Shared
+    // tensors that cannot be shared with it will not be with the next one either.
     if (e.code() != Errc::peer_dead) {
       ::kill(pid_, SIGKILL);
       reap_status(pid_);
       forget_process();
-      return StartFailure{StartFault::crashed,
-                          name + " could not be sent its hello: " + e.detail()};
+      const bool shared = e.code() == Errc::invalid_argument;
+      return StartFailure{shared ? StartFault::refused : StartFault::crashed,
+                          name +
+                              (shared ? " cannot hold the pool's shared tensors: "
+                                      : " could not be sent its hello: ") +
+                              e.detail()};
     }
   }
   log().debug("{} launched as pid {} by {}", name, pid_, start_name(how_));
   return std::nullopt;
+}
+
+void WorkerProcess::send_shared(const NamedTensors& shared) {
+  if (shared.empty()) return;
+  // Known now, before the worker answers: whether it could open a CUDA tensor by handle.
+  tasks_->set_receiver(pid_, device_ == "cpu" ? -1 : std::stoi(device_.substr(5)));
+  std::vector<std::string> names;
+  Tensors message;
+  const auto flush_message = [&] {
+    // The queue was made with room for all of them: this never waits.
+    const SendReport r = tasks_->send(message, std::chrono::milliseconds(0));
+    for (std::size_t i = 0; i < message.size(); ++i) {
+      if (r.tensors[i].copied) {
+        throw Error(Errc::invalid_argument,
+                    "shared tensor '" + names[i] + "' would reach it as a copy (" +
+                        copy_reason_name(*r.tensors[i].copied) +
+                        "), not as the pool's memory; share CUDA tensors with CUDA workers "
+                        "that can open them (docs/cuda.md)");
+      }
+    }
+    names.clear();
+    message.clear();
+  };
+  for (const auto& [name, t] : shared) {
+    names.push_back(name);
+    message.push_back(t);
+    if (message.size() == protocol::kMaxTensorsPerTask) flush_message();
+  }
+  if (!message.empty()) flush_message();
 }
 
 std::optional<StartFailure> WorkerProcess::finish_start(

@@ -47,6 +47,7 @@ struct LaunchSpec {
   std::chrono::milliseconds start_timeout{30000};
   std::map<std::string, std::string> config;
   std::vector<std::string> require_tasks;
+  NamedTensors shared;  // sent ahead of the hello, to every start (PoolOptions::shared)
 };
 
 class WorkerProcess {
@@ -109,6 +110,9 @@ class WorkerProcess {
 
  private:
   void forget_process();  // pid, fds and queues dropped after a reap
+  // Queues `shared` ahead of the hello. Throws Error(invalid_argument) when a tensor would
+  // reach the worker as a copy.
+  void send_shared(const NamedTensors& shared);
 
   const int id_;
   const std::string device_;

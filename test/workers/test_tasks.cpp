@@ -8,6 +8,12 @@
 #include <stdexcept>
 #include <thread>
 
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <memory>
+
+#include "runtime/shared_module.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "workers/task_registry.hpp"
 
@@ -52,5 +58,40 @@ FERRY_TASK("config_echo", [](TaskContext& ctx, Tensors) {
   std::memcpy(t.data_ptr(), v.data(), v.size());
   return Tensors{t};
 });
+
+// Adds in[0] to the pool's shared tensor "w" in place and returns a copy of what it now holds.
+FERRY_TASK("shared_add", [](TaskContext& ctx, Tensors in) {
+  const at::Tensor& w = ctx.shared_tensor("w");
+  w.add_(in.at(0));
+  return Tensors{w.clone()};
+});
+
+// A copy of the shared tensor named by the config's "name" (default "w").
+FERRY_TASK("shared_read", [](TaskContext& ctx, Tensors) {
+  return Tensors{ctx.shared_tensor(ctx.config_value("name", "w")).clone()};
+});
+
+// One SGD step (momentum 0.9) of a 4-input linear model on the minibatch (x, y), Hogwild: the
+// model and the momentum are the pool's shared "model." and "optimizer." tensors. Returns the
+// loss before the step.
+struct LinearTrainer {
+  torch::nn::Linear model{4, 1};
+  torch::optim::SGD opt{model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)};
+};
+
+Tensors linear_sgd_step(TaskContext& ctx, Tensors in) {
+  static std::unique_ptr<LinearTrainer> t;  // one per worker process, made at its first task
+  if (!t) {
+    t = std::make_unique<LinearTrainer>();
+    ferry::adopt_shared(*t->model, *ctx.shared, "model.");
+    ferry::adopt_shared(t->opt, *ctx.shared);
+  }
+  t->opt.zero_grad();
+  at::Tensor loss = at::mse_loss(t->model->forward(in.at(0)), in.at(1));
+  loss.backward();
+  t->opt.step();
+  return Tensors{loss.detach()};
+}
+FERRY_TASK("linear_sgd_step", linear_sgd_step);
 
 }  // namespace
