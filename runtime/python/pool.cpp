@@ -15,6 +15,13 @@ namespace {
 
 constexpr const char* kTask = "python";  // registered by serve_worker() in every Python worker
 
+// The name of the pool's i-th shared storage: in order when sorted, as PoolOptions::shared is.
+std::string shared_name(std::size_t i) {
+  std::string digits = std::to_string(i);
+  return std::string(kSharedPrefix) +
+         std::string(6 - std::min<std::size_t>(6, digits.size()), '0') + digits;
+}
+
 std::chrono::milliseconds seconds_to_ms(double s) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
 }
@@ -115,7 +122,8 @@ void bind_pool(py::module_& m) {
       .def(py::init([](std::vector<std::string> devices, std::string executable,
                        std::vector<std::string> args, std::map<std::string, std::string> config,
                        int max_retries, int max_inflight_per_worker, double task_timeout,
-                       double start_timeout, int threads_per_worker) {
+                       double start_timeout, int threads_per_worker,
+                       const std::vector<at::Tensor>& shared) {
              PoolOptions o;
              o.devices = std::move(devices);
              o.start = Start::Spawn;  // a Python process forked from a C++ thread cannot run Python
@@ -129,12 +137,14 @@ void bind_pool(py::module_& m) {
              o.start_timeout = seconds_to_ms(start_timeout);
              o.threads_per_worker = threads_per_worker;
              o.shutdown = Shutdown::Cancel;
+             for (std::size_t i = 0; i < shared.size(); ++i)
+               o.shared.emplace(shared_name(i), shared[i]);
              py::gil_scoped_release unlocked;
              return std::make_unique<Pool>(std::move(o));
            }),
            py::arg("devices"), py::arg("executable"), py::arg("args"), py::arg("config"),
            py::arg("max_retries"), py::arg("max_inflight_per_worker"), py::arg("task_timeout"),
-           py::arg("start_timeout"), py::arg("threads_per_worker"))
+           py::arg("start_timeout"), py::arg("threads_per_worker"), py::arg("shared"))
       .def(
           "submit",
           [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,

@@ -6,6 +6,10 @@
 
 namespace ferry::python {
 
+// PoolOptions::shared names the storages of the pool's pickled `shared` objects by this prefix
+// and their index, zero-padded so that the map keeps them in order.
+inline constexpr const char* kSharedPrefix = "python.shared.";
+
 void bind_pool(pybind11::module_& m);
 
 }  // namespace ferry::python

@@ -7,6 +7,7 @@ A faster drop-in for torch.multiprocessing's queues and pools:
     q.put({"x": ferry.zeros(1024, 1024)})   # the tensor is shared, not copied
     with ferry.Pool(devices=["cuda:0", "cpu"]) as pool:
         out = pool.map(lambda t: t * 2, inputs)   # input order; lambdas are fine
+    ferry.share_module(model)               # Hogwild: every process steps the same weights
 
 docs/python.md has the API and how each torch.multiprocessing call maps to it.
 """
@@ -27,11 +28,12 @@ from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskE
                  WorkerLost)
 from ._pool import AsyncResult, Pool
 from ._queue import Queue, SimpleQueue
+from ._shared import share_module, share_optimizer, shared
 from ._worker import WorkerInfo, worker_info
 
 __all__ = [
     "Queue", "SimpleQueue", "Pool", "AsyncResult", "empty", "zeros", "share_", "is_shared",
-    "stats", "check_shm", "worker_info", "WorkerInfo", "Error", "InvalidArgument", "PeerDead",
+    "share_module", "share_optimizer", "shared", "stats", "check_shm", "worker_info", "WorkerInfo", "Error", "InvalidArgument", "PeerDead",
     "ShmExhausted", "ShutDown", "TaskError", "Timeout", "WorkerLost",
 ]
 

@@ -17,6 +17,7 @@ from . import _C
 from . import _pickle
 
 TASK_TENSORS = 64  # tensors one task takes or returns (the supervisor's protocol limit)
+SHARED_STORAGES = 16384  # storages a pool's shared objects may hold (the supervisor's limit)
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
          "sys.exit(w.main(sys.argv[1:]))")
@@ -136,11 +137,16 @@ class Pool:
     workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
     worker is restarted and its tasks tried again up to `retries` times; a task's exception
     comes back as ferry.TaskError with the worker's traceback.
+
+    `shared` ({name: object}) is held by every worker, and every restarted one, for its whole
+    life: its tensors are this process's memory itself, never a copy (a module and its
+    optimizer for Hogwild training: share_module, share_optimizer); a task gets an object with
+    ferry.shared(name). CPU storages move into shared memory in place when the pool starts.
     """
 
     def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None,
                  *, devices=None, retries=2, maxtasks_inflight=3, task_timeout=None,
-                 start_timeout=60.0, threads_per_worker=0):
+                 start_timeout=60.0, threads_per_worker=0, shared=None):
         if maxtasksperchild is not None:
             raise ValueError("maxtasksperchild is not supported: ferry's workers hold no state "
                              "between tasks but what the task keeps; leave it None")
@@ -151,10 +157,17 @@ class Pool:
         if initializer is not None:
             payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True)
             config["python.initializer"] = base64.b64encode(payload).decode()
+        shared_bases = []
+        if shared is not None:
+            if not isinstance(shared, dict) or not all(isinstance(k, str) for k in shared):
+                raise TypeError("shared must be a dict of names to objects, e.g. "
+                                "{'model': model, 'optimizer': opt}")
+            payload, shared_bases = _pickle.dumps(dict(shared), SHARED_STORAGES, functions="auto")
+            config["python.shared"] = base64.b64encode(payload).decode()
         self._pool = _C.Pool(devices, sys.executable, ["-c", _BOOT.format(root=_package_root())],
                              config, retries, maxtasks_inflight,
                              0.0 if task_timeout is None else float(task_timeout),
-                             float(start_timeout), threads_per_worker)
+                             float(start_timeout), threads_per_worker, shared_bases)
         self._state = "run"
         self._lock = threading.Lock()
 
@@ -170,8 +183,11 @@ class Pool:
         return _Blob(payload) if not bases else fn
 
     def _message(self, fn, calls, star):
-        # pickle, not cloudpickle, for the arguments: the function is pickled already.
-        return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions="auto")
+        # pickle, not cloudpickle, for the arguments when the function is pickled already; a
+        # function that takes tensors along is pickled here, by value (cloudpickle) where it is
+        # __main__'s or a closure, which workers could not find by name.
+        functions = "auto" if isinstance(fn, _Blob) else True
+        return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions=functions)
 
     def _submit(self, fn, calls, star):
         self._check_running()

@@ -17,6 +17,7 @@ WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
 
 _info = None
 _init_error = None
+_shared = {}  # the pool's shared objects, rebuilt on its memory at the first task
 _functions = collections.OrderedDict()  # pickled function -> function, the last few used
 _FUNCTIONS_KEPT = 32
 
@@ -26,9 +27,15 @@ def worker_info():
     return _info
 
 
-def _start(worker_id, device, config):
-    """Once per process, before its first task: sys.path, device, the pool's initializer."""
-    global _info, _init_error
+def shared_objects():
+    """The pool's shared objects in this worker (ferry.shared())."""
+    return _shared
+
+
+def _start(worker_id, device, config, shared):
+    """Once per process, before its first task: sys.path, device, the pool's shared objects
+    (on the storages the supervisor sent ahead of every start), the pool's initializer."""
+    global _info, _init_error, _shared
     from . import _pickle
 
     for p in reversed(json.loads(config.get("python.path", "[]"))):
@@ -38,6 +45,14 @@ def _start(worker_id, device, config):
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     _info = WorkerInfo(worker_id, dev, os.getpid())
+    blob = config.get("python.shared")
+    if blob:
+        try:
+            _shared = _pickle.loads(base64.b64decode(blob), shared)
+        except BaseException:
+            _init_error = ("the pool's shared objects could not be rebuilt in this worker:\n" +
+                           traceback.format_exc())
+            return
     init = config.get("python.initializer")
     if init:
         try:
@@ -61,13 +76,13 @@ def _function(blob):
     return fn
 
 
-def run(worker_id, device, config, payload, bases):
+def run(worker_id, device, config, shared, payload, bases):
     """(True, payload, bases) of the result, or (False, the error and its traceback, [])."""
     from . import _pickle
     from ._pool import TASK_TENSORS
 
     if _info is None:
-        _start(worker_id, device, config)
+        _start(worker_id, device, config, shared)
     if _init_error is not None:
         return False, _init_error, []
     try:
