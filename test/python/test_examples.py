@@ -52,3 +52,25 @@ def test_the_same_loader_with_room_delivers_every_batch():
     r = run([example("small_shm.py"), "--batches", "3"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "batches=3 loaded=yes" in r.stdout
+
+
+DIGITS = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"
+needs_digits = pytest.mark.skipif(not os.path.exists(DIGITS),
+                                  reason="python3-sklearn (the digits CSV) is not installed")
+
+
+@needs_digits
+@pytest.mark.parametrize("layout,start,optimizer", [("loader", "fork", "sgd"),
+                                                    ("loader", "spawn", "adam"),
+                                                    ("shards", "fork", "sgd")])
+def test_hogwild_workers_train_one_shared_model_to_95_percent(layout, start, optimizer):
+    r = run([example("hogwild.py"), "--workers", "2", "--batch", "8", "--epochs", "4",
+             "--layout", layout, "--start", start, "--optimizer", optimizer,
+             "--print-every", "0.05"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert any(line.startswith("t=") and "accuracy=" in line for line in lines[:-1])
+    last = dict(kv.split("=") for kv in lines[-1].split())
+    assert last["time_to_95"] != "none", r.stdout  # reached the target while training
+    assert float(last["accuracy"]) > 0.9 and float(last["samples_per_s"]) > 0
+    assert ("handoff_us" in last) == (layout == "loader")
