@@ -33,7 +33,8 @@ bench: build
 	$(BUILD)/test/bench/ferry-pool-bench --json $(BUILD)/pool-bench.json
 	$(BUILD)/test/bench/ferry-cuda-bench --json $(BUILD)/cuda-bench.json
 	if [ -x $(BUILD)/test/bench/ferry-python-bench ]; then \
-	  $(BUILD)/test/bench/ferry-python-bench --json $(BUILD)/python-bench.json; fi
+	  $(BUILD)/test/bench/ferry-python-bench --json $(BUILD)/python-bench.json && \
+	  $(BUILD)/test/bench/ferry-hogwild-bench --json $(BUILD)/hogwild-bench.json; fi
 
 # Long runs of crashes, kills and a full /dev/shm, with figures (docs/reliability.md); needs root.
 # SOAK_ARGS changes the counts, e.g. SOAK_ARGS="--kills 200 --fuzz-seconds 60".

@@ -69,10 +69,12 @@ def step(model, opt, x, y):
     opt.step()
 
 
-def loader(queue, args, ready, go, finished):
+def loader(queue, args, setup, ready, go, finished, torch_state=None):
     """Cuts the training set into shuffled minibatches, epoch after epoch, then one None per
     trainer."""
     torch.set_num_threads(1)
+    handoff = setup.get()[3] if args.transport == "ferry" else torch_state[2]
+    me = args.workers  # the loader's row of `handoff`
     x, y, _, _ = load_digits(args.data)
     g = torch.Generator().manual_seed(1)
     ready.wait()
@@ -81,7 +83,11 @@ def loader(queue, args, ready, go, finished):
         order = torch.randperm(len(x), generator=g)
         for i in range(0, len(x) - args.batch + 1, args.batch):
             idx = order[i:i + args.batch]
-            queue.put((x[idx], y[idx]))
+            batch = (x[idx], y[idx])
+            t0, c0 = time.perf_counter(), time.thread_time()
+            queue.put(batch)
+            handoff[me, 0] += time.perf_counter() - t0
+            handoff[me, 1] += time.thread_time() - c0
     for _ in range(args.workers):
         queue.put(None)
     if finished is not None:
@@ -95,11 +101,11 @@ def trainer(rank, args, setup, queue, ready, go, torch_state=None):
     torch.set_num_threads(1)
     if args.transport == "ferry":
         # Views of the parent's memory, whatever the start method.
-        model, opt, counts, waited = setup.get()
+        model, opt, counts, handoff = setup.get()
     else:
         # torch.multiprocessing's guide: the shared model as an argument, an optimizer per
         # process (its state is not shared).
-        model, counts, waited = torch_state
+        model, counts, handoff = torch_state
         opt = make_optimizer(model, args)
     if args.layout == "shards":
         x, y, _, _ = load_digits(args.data)
@@ -109,9 +115,10 @@ def trainer(rank, args, setup, queue, ready, go, torch_state=None):
     go.wait()
     if args.layout == "loader":
         while True:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             item = queue.get()
-            waited[rank] += time.perf_counter() - t0  # the hand-off, as the trainer sees it
+            handoff[rank, 0] += time.perf_counter() - t0  # waiting included
+            handoff[rank, 1] += time.thread_time() - c0
             if item is None:
                 break
             step(model, opt, *item)
@@ -140,7 +147,8 @@ def run(args, out=print):
         ferry.share_module(model)
         ferry.share_optimizer(opt)  # Adam's moments or SGD's momentum: one copy for all
         counts = ferry.zeros(args.workers, dtype=torch.int64)
-        waited = ferry.zeros(args.workers, dtype=torch.float64)
+        # Seconds in get() per trainer and in put() for the loader (last row): wall, CPU.
+        handoff = ferry.zeros(args.workers + 1, 2, dtype=torch.float64)
         queue = ferry.Queue(maxsize=4 * args.workers)
         setup = ferry.SimpleQueue()
         torch_state = None
@@ -150,10 +158,10 @@ def run(args, out=print):
         ctx = tmp.get_context(args.start)
         model.share_memory()
         counts = torch.zeros(args.workers, dtype=torch.int64).share_memory_()
-        waited = torch.zeros(args.workers, dtype=torch.float64).share_memory_()
+        handoff = torch.zeros(args.workers + 1, 2, dtype=torch.float64).share_memory_()
         queue = ctx.Queue(maxsize=4 * args.workers)
         setup = None
-        torch_state = (model, counts, waited)
+        torch_state = (model, counts, handoff)
     parties = args.workers + (2 if args.layout == "loader" else 1)
     ready, go = ctx.Barrier(parties), ctx.Event()
     finished = ctx.Event() if args.transport == "torch" else None
@@ -161,12 +169,13 @@ def run(args, out=print):
                 for r in range(args.workers)]
     procs = list(trainers)
     if args.layout == "loader":
-        procs.append(ctx.Process(target=loader, args=(queue, args, ready, go, finished)))
+        procs.append(ctx.Process(target=loader,
+                                 args=(queue, args, setup, ready, go, finished, torch_state)))
     for p in procs:
         p.start()
     if setup is not None:
-        for _ in range(args.workers):
-            setup.put((model, opt, counts, waited))
+        for _ in range(len(procs)):
+            setup.put((model, opt, counts, handoff))
     ready.wait()  # every process started (spawn: torch imported) and holding the model
     start = time.monotonic()
     go.set()
@@ -191,11 +200,13 @@ def run(args, out=print):
     samples = int(counts.sum())
     if hit is None and acc >= args.target:
         hit, hit_samples = elapsed, samples
-    batches = samples // args.batch
+    per_batch = 1e6 / max(1, samples // args.batch)
     return {"accuracy": acc, "time_to_target": hit, "samples_to_target": hit_samples,
             "samples_per_s": samples / elapsed, "seconds": elapsed,
-            # wall time a trainer spent in get() per batch (loader layout): the hand-off
-            "handoff_us": float(waited.sum()) / batches * 1e6 if batches else 0.0}
+            # Loader layout, per minibatch: the CPU that put() and get() took (the hand-off's
+            # cost), and how long trainers waited in get() beyond their own CPU (starved).
+            "handoff_us": float(handoff[:, 1].sum()) * per_batch,
+            "starved_us": float(handoff[:-1, 0].sum() - handoff[:-1, 1].sum()) * per_batch}
 
 
 def parser():
@@ -224,7 +235,7 @@ def main():
     line = (f"accuracy={r['accuracy']:.3f} time_to_{round(args.target * 100)}={t} "
             f"samples_per_s={r['samples_per_s']:.0f}")
     if args.layout == "loader":
-        line += f" handoff_us={r['handoff_us']:.0f}"
+        line += f" handoff_us={r['handoff_us']:.0f} starved_us={r['starved_us']:.0f}"
     print(line)
 
 
