@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ferry
-from conftest import wait_until
+from conftest import cuda, wait_until
 
 TRUTH = torch.tensor([[1.5], [-2.0], [0.5], [3.0]])
 
@@ -240,3 +240,44 @@ def test_shared_memory_is_released_when_the_last_process_lets_go():
 
 def _hogwild_noop(_):
     return ferry.shared("model").weight.shape[0]
+
+
+def _cuda_step(seed):
+    model = ferry.shared("model")
+    assert next(model.parameters()).is_cuda
+    return train_step_on(model, ferry.shared("opt"), seed, "cuda")
+
+
+def train_step_on(model, opt, seed, device):
+    x, y = batch(seed)
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+@cuda
+def test_a_cuda_module_is_trained_in_place_by_cuda_workers():
+    """CUDA parameters travel by IPC handle, opened once per worker: the workers' steps are
+    the parent's model."""
+    model = net().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ferry.share_module(model)  # CUDA tensors stay where they are
+    ferry.share_optimizer(opt)
+    start = loss_of_on(model, "cuda")
+    with ferry.Pool(devices=["cuda:0", "cuda:0"], shared={"model": model, "opt": opt}) as pool:
+        pool.map(_cuda_step, range(200))
+    torch.cuda.synchronize()
+    assert loss_of_on(model, "cuda") < start / 10
+    with pytest.raises(ferry.InvalidArgument, match="runs on the CPU"):
+        ferry.Pool(devices=["cpu"], shared={"model": model})
+
+
+def loss_of_on(model, device):
+    x, y = batch(12345, 512)
+    model.eval()
+    with torch.no_grad():
+        out = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()
+    model.train()
+    return out
