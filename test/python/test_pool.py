@@ -210,3 +210,24 @@ def test_cuda_workers_see_their_device():
         out = p.map(lambda t: t.cuda() * 2 if ferry.worker_info().device.type == "cuda" else t * 2,
                     [torch.ones(4)] * 4, chunksize=1)
         assert all(torch.equal(o.cpu(), torch.full((4,), 2.0)) for o in out)
+
+
+def test_a_main_script_function_that_takes_a_tensor_along_runs_in_workers(tmp_path):
+    """A function of the script being run (__main__) that refers to a global tensor: the
+    workers cannot import it by name, so it travels by value with the tensor by reference."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "main_fn.py"
+    script.write_text(
+        "import ferry, torch\n"
+        "scale = torch.full((3,), 2.0)\n"
+        "def f(x):\n"
+        "    return (scale * x).tolist()\n"
+        "if __name__ == '__main__':\n"
+        "    with ferry.Pool(1) as pool:\n"
+        "        print(pool.map(f, [1.0, 3.0]))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[[2.0, 2.0, 2.0], [6.0, 6.0, 6.0]]"

@@ -33,8 +33,9 @@ from ._worker import WorkerInfo, worker_info
 
 __all__ = [
     "Queue", "SimpleQueue", "Pool", "AsyncResult", "empty", "zeros", "share_", "is_shared",
-    "share_module", "share_optimizer", "shared", "stats", "check_shm", "worker_info", "WorkerInfo", "Error", "InvalidArgument", "PeerDead",
-    "ShmExhausted", "ShutDown", "TaskError", "Timeout", "WorkerLost",
+    "share_module", "share_optimizer", "shared", "stats", "check_shm", "worker_info",
+    "WorkerInfo", "Error", "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown",
+    "TaskError", "Timeout", "WorkerLost",
 ]
 
 
