@@ -40,7 +40,6 @@ struct Slot {
 // What one optimizer class keeps per parameter: how to make it as its first step() would, and
 // where its tensors are. `make` returns null where the first step() would make no state.
 struct Kind {
-  std::string name;
   std::function<std::unique_ptr<torch::optim::OptimizerParamState>(
       const at::Tensor& p, const torch::optim::OptimizerOptions& group)>
       make;
@@ -52,9 +51,8 @@ at::Tensor zeros_of(const at::Tensor& p) {
 }
 
 template <class State, class Options, class Make, class Slots>
-Kind kind(std::string name, Make make, Slots slots) {
+Kind kind(Make make, Slots slots) {
   return Kind{
-      std::move(name),
       [make](const at::Tensor& p, const torch::optim::OptimizerOptions& group)
           -> std::unique_ptr<torch::optim::OptimizerParamState> {
         return make(p, static_cast<const Options&>(group));
@@ -64,9 +62,8 @@ Kind kind(std::string name, Make make, Slots slots) {
 
 // Adam and AdamW keep the same fields under two classes.
 template <class State, class Options>
-Kind adam_kind(std::string name) {
+Kind adam_kind() {
   return kind<State, Options>(
-      std::move(name),
       [](const at::Tensor& p, const Options& o) {
         auto s = std::make_unique<State>();
         s->step(0);
@@ -84,13 +81,10 @@ Kind adam_kind(std::string name) {
 
 Kind kind_of(torch::optim::Optimizer& optimizer) {
   namespace o = torch::optim;
-  if (dynamic_cast<o::AdamW*>(&optimizer))
-    return adam_kind<o::AdamWParamState, o::AdamWOptions>("AdamW");
-  if (dynamic_cast<o::Adam*>(&optimizer))
-    return adam_kind<o::AdamParamState, o::AdamOptions>("Adam");
+  if (dynamic_cast<o::AdamW*>(&optimizer)) return adam_kind<o::AdamWParamState, o::AdamWOptions>();
+  if (dynamic_cast<o::Adam*>(&optimizer)) return adam_kind<o::AdamParamState, o::AdamOptions>();
   if (dynamic_cast<o::SGD*>(&optimizer)) {
     return kind<o::SGDParamState, o::SGDOptions>(
-        "SGD",
         [](const at::Tensor& p, const o::SGDOptions& opt) -> std::unique_ptr<o::SGDParamState> {
           if (opt.momentum() == 0) return nullptr;  // plain SGD keeps no state
           auto s = std::make_unique<o::SGDParamState>();
@@ -103,7 +97,6 @@ Kind kind_of(torch::optim::Optimizer& optimizer) {
   }
   if (dynamic_cast<o::RMSprop*>(&optimizer)) {
     return kind<o::RMSpropParamState, o::RMSpropOptions>(
-        "RMSprop",
         [](const at::Tensor& p, const o::RMSpropOptions& opt) {
           auto s = std::make_unique<o::RMSpropParamState>();
           s->step(0);
@@ -120,7 +113,6 @@ Kind kind_of(torch::optim::Optimizer& optimizer) {
   }
   if (dynamic_cast<o::Adagrad*>(&optimizer)) {
     return kind<o::AdagradParamState, o::AdagradOptions>(
-        "Adagrad",
         [](const at::Tensor& p, const o::AdagradOptions& opt) {
           auto s = std::make_unique<o::AdagradParamState>();  // its constructor made it already
           s->step(0);

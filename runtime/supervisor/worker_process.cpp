@@ -75,6 +75,9 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
     control_ = std::move(mine);
     tasks_ = tasks_q;
     results_ = results_q;
+    // CUDA tensors (shared ones, then inputs) go to this worker by IPC when it can open them,
+    // else through shared memory.
+    tasks_->set_receiver(pid_, device_ == "cpu" ? -1 : std::stoi(device_.substr(5)));
     phase_ = Phase::Starting;
     start_deadline_ = Clock::now() + spec.start_timeout;
   } catch (const Error& e) {
@@ -115,8 +118,6 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
 
 void WorkerProcess::send_shared(const NamedTensors& shared) {
   if (shared.empty()) return;
-  // Known now, before the worker answers: whether it could open a CUDA tensor by handle.
-  tasks_->set_receiver(pid_, device_ == "cpu" ? -1 : std::stoi(device_.substr(5)));
   std::vector<std::string> names;
   Tensors message;
   const auto flush_message = [&] {
@@ -186,8 +187,6 @@ std::optional<StartFailure> WorkerProcess::finish_start(
     return StartFailure{StartFault::refused, name + " " + refusal};
   }
   if (tasks.empty()) tasks = welcome.tasks;
-  // CUDA inputs go to this worker by IPC when it can open them, else through shared memory.
-  tasks_->set_receiver(pid_, device_ == "cpu" ? -1 : std::stoi(device_.substr(5)));
   phase_ = Phase::Ready;
   history_ = {};
   TensorQueue results = *results_;

@@ -28,7 +28,7 @@ from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskE
                  WorkerLost)
 from ._pool import AsyncResult, Pool
 from ._queue import Queue, SimpleQueue
-from ._shared import share_module, share_optimizer, shared
+from ._shared import share_, share_module, share_optimizer, shared
 from ._worker import WorkerInfo, worker_info
 
 __all__ = [
@@ -57,13 +57,6 @@ def zeros(*size, dtype=None, requires_grad=False):
     t = empty(*size, dtype=dtype)
     t.zero_()
     return t.requires_grad_() if requires_grad else t
-
-
-def share_(t):
-    """Moves t's storage into ferry's shared memory in place (every view follows), as
-    Tensor.share_memory_() does; CUDA tensors and shared ones are left as they are. Returns t."""
-    _C.share_(t.detach())
-    return t
 
 
 def is_shared(t):

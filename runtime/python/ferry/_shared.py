@@ -14,8 +14,11 @@ import torch
 from . import _C
 
 
-def _share(t):
-    _C.share_(t.detach())  # in place: every view, and whoever holds t, follows
+def share_(t):
+    """Moves t's storage into ferry's shared memory in place (every view follows), as
+    Tensor.share_memory_() does; CUDA tensors and shared ones are left as they are. Returns t."""
+    _C.share_(t.detach())
+    return t
 
 
 def share_module(module):
@@ -25,7 +28,7 @@ def share_module(module):
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"share_module takes a torch.nn.Module, not {type(module).__name__}")
     for t in itertools.chain(module.parameters(), module.buffers()):
-        _share(t)
+        share_(t)
     return module
 
 
@@ -70,7 +73,7 @@ def share_optimizer(optimizer):
                 state.update(_zero_state(optimizer, group, p))
             for v in state.values():
                 if torch.is_tensor(v):
-                    _share(v)
+                    share_(v)
     return optimizer
 
 
