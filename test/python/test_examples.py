@@ -64,7 +64,9 @@ needs_digits = pytest.mark.skipif(not os.path.exists(DIGITS),
                                                     ("loader", "spawn", "adam"),
                                                     ("shards", "fork", "sgd")])
 def test_hogwild_workers_train_one_shared_model_to_95_percent(layout, start, optimizer):
-    r = run([example("hogwild.py"), "--workers", "2", "--batch", "8", "--epochs", "4",
+    # Hogwild's interleaving makes each run's curve its own: under a loaded suite one run of 4
+    # epochs hovered at 0.91-0.94 without touching 95%, so the runs get 10 epochs to get there.
+    r = run([example("hogwild.py"), "--workers", "2", "--batch", "8", "--epochs", "10",
              "--layout", layout, "--start", start, "--optimizer", optimizer,
              "--print-every", "0.05"])
     assert r.returncode == 0, r.stderr
