@@ -25,6 +25,25 @@ def held_target(kept_bytes, live_workers, arena_step_bytes):
     return memory_target(kept_bytes, live_workers + 1, arena_step_bytes) + HELD_OVERHEAD
 
 
+# A segment mapped past its target for less than this is a hand-over caught by a sample (a dead
+# worker's segment dropped a moment after its replacement mapped its own), not memory pinned.
+PINNED_AFTER_S = 0.25
+
+
+def longest_over(samples, target):
+    """Longest stretch, in seconds, over which [(seconds, bytes), ...] stayed above `target`: from
+    the first sample over it to the last one before it came back under (0 when never over, or
+    over at one sample only)."""
+    longest, since = 0.0, None
+    for t, v in samples:
+        if v > target:
+            since = t if since is None else since
+            longest = max(longest, t - since)
+        else:
+            since = None
+    return longest
+
+
 def growth_per_unit(points):
     """Least-squares slope of y over x for [(x, y), ...]: bytes of memory per kill. None with
     fewer than two distinct x."""

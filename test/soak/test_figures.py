@@ -30,6 +30,22 @@ class HeldTarget(unittest.TestCase):
         self.assertGreater(healthy + 64 * MIB, figures.held_target(0, 4, 64 * MIB))
 
 
+class LongestOver(unittest.TestCase):
+    def test_never_over_is_zero(self):
+        self.assertEqual(figures.longest_over([(0, 1), (0.02, 2)], 5), 0)
+
+    def test_one_sample_over_is_a_hand_over_not_a_stretch(self):
+        self.assertEqual(figures.longest_over([(0, 1), (0.02, 9), (0.04, 1)], 5), 0)
+
+    def test_a_stretch_runs_from_its_first_to_its_last_sample_over(self):
+        samples = [(0, 9), (0.1, 9), (0.2, 1), (1.0, 9), (1.3, 9), (1.5, 9), (1.6, 1)]
+        self.assertAlmostEqual(figures.longest_over(samples, 5), 0.5)
+
+    def test_a_pinned_segment_is_over_for_the_rest_of_the_run(self):
+        samples = [(t / 10, 1 if t < 5 else 9) for t in range(30)]
+        self.assertGreater(figures.longest_over(samples, 5), figures.PINNED_AFTER_S)
+
+
 class GrowthPerUnit(unittest.TestCase):
     def test_steady_growth_is_its_slope(self):
         self.assertAlmostEqual(figures.growth_per_unit([(0, 100), (1, 156), (2, 212)]), 56)
