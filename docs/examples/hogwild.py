@@ -51,7 +51,12 @@ def make_model():
 
 def make_optimizer(model, args):
     if args.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=args.lr or 2e-3 * (args.batch / 8) ** 0.5)
+        # Hogwild races one trainer's read of Adam's second moment against another's write of
+        # the first: where the second is still ~0 (the first steps; a pixel seen for the first
+        # time) a step can be lr * m / eps, which at torch's eps of 1e-8 kills the network (half
+        # of the runs with 2 trainers here). eps=1e-4 bounds such a step (docs/python.md).
+        return torch.optim.Adam(model.parameters(), lr=args.lr or 2e-3 * (args.batch / 8) ** 0.5,
+                                eps=1e-4)
     return torch.optim.SGD(model.parameters(), lr=args.lr or 0.05 * (args.batch / 8) ** 0.5,
                            momentum=0.9)
 
