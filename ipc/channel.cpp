@@ -16,6 +16,7 @@
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
+#include "ipc/spin_policy.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define FERRY_UNDER_TSAN 1
@@ -107,6 +108,19 @@ void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* wait
   waiters->fetch_add(1, std::memory_order_seq_cst);
   futex_wait(word, seen, slice);
   waiters->fetch_sub(1, std::memory_order_seq_cst);
+}
+
+// Waits for `word` to move from `seen`: polls it for as long as `spin` allows, then sleeps in
+// the kernel for at most `slice`. A waiter found while polling is not counted asleep, so its waker
+// makes no futex call either. How long it took teaches `spin` the next budget.
+void wait_for_change(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
+                     std::uint32_t seen, std::chrono::nanoseconds slice,
+                     SpinPolicy& spin) noexcept {
+  const Clock::time_point start = Clock::now();
+  if (!spin_until_changed(*word, seen, std::min(spin.budget(), slice))) {
+    sleep_on(word, waiters, seen, slice);
+  }
+  spin.record(Clock::now() - start);
 }
 
 constexpr std::size_t kHeaderBytes = (sizeof(RingHeader) + 63) / 64 * 64;
@@ -321,7 +335,10 @@ std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
   return std::shared_ptr<Channel>(new Channel(std::move(segment)));
 }
 
-Channel::Channel(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
+Channel::Channel(std::shared_ptr<Segment> segment)
+    : segment_(std::move(segment)),
+      push_spin_(SpinPolicy::ceiling_from_env()),
+      pop_spin_(SpinPolicy::ceiling_from_env()) {}
 
 Channel::~Channel() = default;
 
@@ -448,7 +465,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
               "consumers, pass a longer timeout, or create the channel with a larger "
               "capacity");
     }
-    sleep_on(&h->not_full_seq, &h->full_waiters, seen, deadline.slice());
+    wait_for_change(&h->not_full_seq, &h->full_waiters, seen, deadline.slice(), push_spin_);
   }
 }
 
@@ -502,7 +519,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
                                      ": the channel stayed empty; check that a producer is "
                                      "pushing, or pass a longer timeout (kForever to wait)");
     }
-    sleep_on(&h->not_empty_seq, &h->empty_waiters, seen, deadline.slice());
+    wait_for_change(&h->not_empty_seq, &h->empty_waiters, seen, deadline.slice(), pop_spin_);
   }
 }
 

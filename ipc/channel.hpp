@@ -5,7 +5,9 @@
 // the critical section, so a process killed at any instant leaves the ring consistent: the next
 // locker gets EOWNERDEAD, marks the mutex consistent and carries on; a half-written push is
 // invisible and a half-done pop leaves its message in place for the next consumer.
-// Waiting is a futex wait in slices of at most 100 ms, so waiters notice closing and peer death.
+// Waiting polls the futex word for a moment first (SpinPolicy: only while answers come that fast,
+// at most 100 us), then is a futex wait in slices of at most 100 ms, so waiters notice closing and
+// peer death.
 #pragma once
 
 #include <sys/types.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "ipc/fd.hpp"
+#include "ipc/spin_policy.hpp"
 
 namespace ferry {
 
@@ -88,6 +91,9 @@ class Channel {
   // This process's entry in the participants table, redone when a forked child first acts.
   std::atomic<std::uint32_t> registered_roles_{0};
   std::atomic<pid_t> registered_pid_{0};
+  // How long this process's waits for room and for messages take, learnt separately.
+  SpinPolicy push_spin_;
+  SpinPolicy pop_spin_;
 };
 
 }  // namespace ferry

@@ -1,0 +1,62 @@
+// SpinPolicy: how long a waiter polls its futex word before it sleeps on it.
+//
+// A wake-up through the kernel costs the waker a futex_wake call and the sleeper a context
+// switch and the scheduler's latency, several microseconds each, which is most of a round trip
+// between two processes. A waiter that polls instead is never counted as asleep, so its peer
+// makes no call either. Polling burns a core, though, so it pays only when the answer comes
+// within the spin: the policy learns how long this waiter's waits take and spins only when they
+// are short.
+//
+// The rule, one pure function of the history (`budget`):
+// - `typical` is a moving average of recent waits (weight 1/4), each counted as at most 8x the
+//   ceiling, so one long idle wait turns spinning off and a handful of quick answers turn it on;
+// - while `typical` is at most the ceiling, the budget is twice `typical`, at least kMinSpin and
+//   at most the ceiling: a spin that ends just short costs a sleep, which is recorded as a longer
+//   wait and widens the next budget;
+// - past the ceiling the budget is 0: an idle waiter sleeps at once and costs no CPU;
+// - a ceiling of 0 (FERRY_SPIN_US=0, or a machine with one CPU, where the spinner would only
+//   delay the peer it waits for) never spins.
+//
+// One policy per waiting role and channel in a process. Threads share it: its one word is read
+// and written relaxed, so concurrent records may lose one another, which only skews a guess.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace ferry {
+
+class SpinPolicy {
+ public:
+  static constexpr std::chrono::nanoseconds kDefaultCeiling{std::chrono::microseconds(100)};
+  static constexpr std::chrono::nanoseconds kMinSpin{std::chrono::microseconds(2)};
+
+  // `ceiling`: the longest spin; 0 never spins.
+  explicit SpinPolicy(std::chrono::nanoseconds ceiling) noexcept;
+  // The ceiling from FERRY_SPIN_US (microseconds, 0 to 10000; default 100), 0 where this process
+  // may run on one CPU only. Throws Error(invalid_argument) naming a bad value.
+  static std::chrono::nanoseconds ceiling_from_env();
+
+  // How long to poll before sleeping, given the waits recorded so far.
+  std::chrono::nanoseconds budget() const noexcept;
+  // One wait, from its start to the word changing (spun or slept), or to a slice ending.
+  void record(std::chrono::nanoseconds waited) noexcept;
+
+  std::chrono::nanoseconds ceiling() const noexcept { return ceiling_; }
+  std::chrono::nanoseconds typical() const noexcept {
+    return std::chrono::nanoseconds(typical_ns_.load(std::memory_order_relaxed));
+  }
+
+ private:
+  const std::chrono::nanoseconds ceiling_;
+  // Starts at the ceiling: a fresh waiter spins, as a peer that answers at once is the case that
+  // most needs it, and one sleep tells it otherwise.
+  std::atomic<std::int64_t> typical_ns_;
+};
+
+// Polls `word` until it differs from `seen` or `budget` has passed; true if it changed.
+bool spin_until_changed(const std::atomic<std::uint32_t>& word, std::uint32_t seen,
+                        std::chrono::nanoseconds budget) noexcept;
+
+}  // namespace ferry

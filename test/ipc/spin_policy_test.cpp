@@ -1,0 +1,220 @@
+// How long a waiter polls before it sleeps: one case per rule of SpinPolicy, the poll itself, and
+// what a user relies on in a channel: an idle waiter costs no CPU once its spin is spent.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/channel.hpp"
+#include "ipc/error.hpp"
+#include "ipc/spin_policy.hpp"
+
+using ferry::SpinPolicy;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+namespace {
+
+constexpr nanoseconds kCeiling = microseconds(50);
+
+void record_all(SpinPolicy& p, const std::vector<nanoseconds>& waits) {
+  for (nanoseconds w : waits) p.record(w);
+}
+
+nanoseconds budget_after(const std::vector<nanoseconds>& waits, nanoseconds ceiling = kCeiling) {
+  SpinPolicy p(ceiling);
+  record_all(p, waits);
+  return p.budget();
+}
+
+std::vector<nanoseconds> times(int n, nanoseconds w) {
+  return std::vector<nanoseconds>(n, w);
+}
+
+double cpu_seconds(const rusage& r) {
+  return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+         static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
+}
+
+}  // namespace
+
+TEST_CASE("a fresh waiter spins up to the ceiling", "[spin]") {
+  CHECK(SpinPolicy(kCeiling).budget() == kCeiling);
+}
+
+TEST_CASE("answers that come quickly give a budget of twice their time", "[spin]") {
+  CHECK(budget_after(times(20, microseconds(5))).count() ==
+        Approx(static_cast<double>(nanoseconds(microseconds(10)).count())).epsilon(0.05));
+}
+
+TEST_CASE("the budget is never under the floor nor over the ceiling", "[spin]") {
+  CHECK(budget_after(times(20, nanoseconds(100))) == SpinPolicy::kMinSpin);
+  CHECK(budget_after(times(20, microseconds(40))) == kCeiling);
+}
+
+TEST_CASE("one long idle wait stops the spinning at once", "[spin]") {
+  CHECK(budget_after({milliseconds(100)}) == nanoseconds(0));
+  CHECK(budget_after({microseconds(5), microseconds(5), milliseconds(100)}) == nanoseconds(0));
+}
+
+TEST_CASE("a few quick answers after an idle spell start it again", "[spin]") {
+  const std::vector<nanoseconds> idle = times(10, milliseconds(100));  // many wait slices
+  SpinPolicy p(kCeiling);
+  record_all(p, idle);
+  REQUIRE(p.budget() == nanoseconds(0));
+  int quick = 0;
+  while (p.budget() == nanoseconds(0) && quick < 100) {
+    p.record(microseconds(3));
+    ++quick;
+  }
+  CHECK(quick <= 10);
+  CHECK(p.budget() > nanoseconds(0));
+}
+
+TEST_CASE("waits as long as the ceiling, spun or slept, keep the budget at the ceiling", "[spin]") {
+  // A spin that ends just short is followed by a sleep; the longer wait it records widens the
+  // next budget instead of narrowing it.
+  SpinPolicy p(kCeiling);
+  record_all(p, times(20, microseconds(20)));
+  CHECK(p.budget() >= microseconds(40));
+  CHECK(p.budget() < kCeiling);
+  for (int i = 0; i < 20; ++i) p.record(microseconds(45));
+  CHECK(p.budget() == kCeiling);
+}
+
+TEST_CASE("a ceiling of 0 never spins, whatever the history", "[spin]") {
+  CHECK(SpinPolicy(nanoseconds(0)).budget() == nanoseconds(0));
+  CHECK(budget_after(times(50, microseconds(1)), nanoseconds(0)) == nanoseconds(0));
+  CHECK(SpinPolicy(nanoseconds(-5)).budget() == nanoseconds(0));
+}
+
+TEST_CASE("FERRY_SPIN_US sets the ceiling; a bad value is refused by name", "[spin]") {
+  struct Restore {
+    ~Restore() { ::unsetenv("FERRY_SPIN_US"); }
+  } restore;
+  ::setenv("FERRY_SPIN_US", "0", 1);
+  CHECK(SpinPolicy::ceiling_from_env() == nanoseconds(0));
+  ::setenv("FERRY_SPIN_US", "20", 1);
+  if (std::thread::hardware_concurrency() > 1) {
+    CHECK(SpinPolicy::ceiling_from_env() == microseconds(20));
+  }
+  for (const char* bad : {"lots", "-1", "20000"}) {
+    ::setenv("FERRY_SPIN_US", bad, 1);
+    try {
+      SpinPolicy::ceiling_from_env();
+      FAIL("accepted FERRY_SPIN_US=" << bad);
+    } catch (const ferry::Error& e) {
+      CHECK(e.code() == ferry::Errc::invalid_argument);
+      CHECK_THAT(e.what(), Catch::Contains("FERRY_SPIN_US"));
+      CHECK_THAT(e.what(), Catch::Contains(bad));
+    }
+  }
+}
+
+TEST_CASE("the poll sees a change made by another thread and gives up after its budget", "[spin]") {
+  std::atomic<std::uint32_t> word{7};
+  CHECK_FALSE(ferry::spin_until_changed(word, 7, nanoseconds(0)));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(ferry::spin_until_changed(word, 7, microseconds(200)));
+  CHECK(std::chrono::steady_clock::now() - t0 >= microseconds(200));
+  CHECK(ferry::spin_until_changed(word, 6, microseconds(200)));  // already different
+
+  std::thread other([&] {
+    std::this_thread::sleep_for(milliseconds(5));
+    word.store(8, std::memory_order_release);
+  });
+  // A budget long enough to outlast the other thread's nap: the change is what ends it.
+  const bool changed = ferry::spin_until_changed(word, 7, std::chrono::seconds(5));
+  other.join();
+  CHECK(changed);
+}
+
+TEST_CASE("a process waiting on an empty channel costs no CPU once its spin is spent",
+          "[spin][channel]") {
+  auto ch = ferry::Channel::create({8, 64, 0});
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::vector<std::byte> out;
+    rusage before{}, after_wait{};
+    ::getrusage(RUSAGE_SELF, &before);
+    int code = 0;
+    try {
+      ch->pop(out, milliseconds(400));  // nobody pushes: it times out
+      code = 2;
+    } catch (const ferry::Error& e) {
+      code = e.code() == ferry::Errc::timeout ? 0 : 3;
+    }
+    ::getrusage(RUSAGE_SELF, &after_wait);
+    const double cpu = cpu_seconds(after_wait) - cpu_seconds(before);
+    (void)!::write(fds[1], &cpu, sizeof cpu);
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  double cpu = -1;
+  REQUIRE(::read(fds[0], &cpu, sizeof cpu) == static_cast<ssize_t>(sizeof cpu));
+  ::close(fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // 400 ms of waiting: a waiter that kept polling would have used most of it. The spin and the
+  // four wake-ups of the wait slices take well under a millisecond; 40 ms leaves room for a
+  // loaded machine's accounting.
+  CHECK(cpu < 0.040);
+}
+
+TEST_CASE("messages between two processes arrive intact and in order with spinning on and off",
+          "[spin][channel]") {
+  for (const char* setting : {"0", "50", "10000"}) {
+    ::setenv("FERRY_SPIN_US", setting, 1);
+    auto ping = ferry::Channel::create({4, 64, 0});
+    auto pong = ferry::Channel::create({4, 64, 0});
+    ::unsetenv("FERRY_SPIN_US");
+    constexpr std::uint32_t kMessages = 2000;
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::vector<std::byte> in(64);
+      int code = 0;
+      try {
+        for (std::uint32_t i = 0; i < kMessages; ++i) {
+          ping->pop(in, std::chrono::seconds(20));
+          std::uint32_t v = 0;
+          std::memcpy(&v, in.data(), sizeof v);
+          if (v != i) code = 1;
+          pong->push(in.data(), 1, std::chrono::seconds(20));
+        }
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    std::vector<std::byte> msg(64), back;
+    for (std::uint32_t i = 0; i < kMessages; ++i) {
+      std::memcpy(msg.data(), &i, sizeof i);
+      ping->push(msg.data(), 1, std::chrono::seconds(20));
+      pong->pop(back, std::chrono::seconds(20));
+      std::uint32_t v = 0;
+      std::memcpy(&v, back.data(), sizeof v);
+      REQUIRE(v == i);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    INFO("FERRY_SPIN_US=" << setting);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+}
