@@ -86,6 +86,8 @@ Plan plan(std::size_t size, int iterations, bool quick) {
 struct Latency {
   double p50 = 0, p99 = 0;
   std::size_t n = 0;
+  // CPU time both processes spent per round trip, warm-up included: what a spin costs shows here.
+  double cpu_us = -1;
 };
 
 struct Throughput {
@@ -107,6 +109,13 @@ Latency summarize(std::vector<double> samples_us) {
 
 double seconds_since(SteadyClock::time_point t0) {
   return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
+
+// CPU time of this process, all threads, in seconds.
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -146,6 +155,12 @@ class Link {
   void send_count(std::uint64_t v) { write_all(child_ ? up_[1] : down_[1], &v, sizeof v); }
   std::uint64_t recv_count() {
     std::uint64_t v = 0;
+    read_all(child_ ? down_[0] : up_[0], &v, sizeof v);
+    return v;
+  }
+  void send_value(double v) { write_all(child_ ? up_[1] : down_[1], &v, sizeof v); }
+  double recv_value() {
+    double v = 0;
     read_all(child_ ? down_[0] : up_[0], &v, sizeof v);
     return v;
   }
@@ -308,14 +323,22 @@ struct TimedLoop {
   }
 };
 
-// Round trips in microseconds, warm-up excluded: stamp `own`, send it on `out`, take the answer
-// from `in` and check its stamp. `in` and `out` are one queue when measuring within a process.
-std::vector<double> time_round_trips(const at::Tensor& own, ferry::TensorQueue& out,
-                                     ferry::TensorQueue& in, std::int64_t numel, int iterations,
-                                     double time_cap_s) {
+struct RoundTrips {
+  std::vector<double> samples;  // microseconds, warm-up excluded
+  int total = 0;                // round trips made, warm-up included
+  double cpu_s = 0;             // this process's CPU time over all of them
+};
+
+// Stamps `own`, sends it on `out`, takes the answer from `in` and checks its stamp, until the loop
+// is done. `in` and `out` are one queue when measuring within a process.
+RoundTrips time_round_trips(const at::Tensor& own, ferry::TensorQueue& out, ferry::TensorQueue& in,
+                            std::int64_t numel, int iterations, double time_cap_s) {
   TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
-  std::vector<double> samples;
-  for (int i = 0; loop.next(i); ++i) {
+  RoundTrips r;
+  std::vector<double>& samples = r.samples;
+  const double cpu0 = process_cpu_s();
+  int i = 0;
+  for (; loop.next(i); ++i) {
     const auto n = static_cast<std::uint32_t>(i);
     stamp(own, n);
     const auto t0 = SteadyClock::now();
@@ -328,19 +351,40 @@ std::vector<double> time_round_trips(const at::Tensor& own, ferry::TensorQueue& 
       ++loop.measured;
     }
   }
-  return samples;
+  r.total = i;
+  r.cpu_s = process_cpu_s() - cpu0;
+  return r;
+}
+
+// The peer's side of a CPU figure: its CPU time over `messages` answers, sent up the link.
+void report_cpu(Link& link, double cpu0, std::uint64_t messages) {
+  link.send_value(process_cpu_s() - cpu0);
+  link.send_count(messages);
+}
+
+// Both processes' CPU per round trip, in microseconds: this one's over `own_trips`, the peer's as
+// report_cpu sent it.
+double cpu_per_trip_us(Link& link, double own_cpu_s, int own_trips) {
+  const double peer_cpu_s = link.recv_value();
+  const auto peer_messages = static_cast<double>(link.recv_count());
+  return 1e6 * (own_cpu_s / std::max(own_trips, 1) + peer_cpu_s / std::max(peer_messages, 1.0));
 }
 
 Latency pipe_round_trip(int iterations, double time_cap_s) {
   Link link;
   Child child([&] {
     link.child_side();
-    for (char c; (c = link.recv()) != 'q';) link.send(c);
+    const double cpu0 = process_cpu_s();
+    std::uint64_t n = 0;
+    for (char c; (c = link.recv()) != 'q'; ++n) link.send(c);
+    report_cpu(link, cpu0, n);
   });
   link.parent_side();
   TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
   std::vector<double> samples;
-  for (int i = 0; loop.next(i); ++i) {
+  const double cpu0 = process_cpu_s();
+  int i = 0;
+  for (; loop.next(i); ++i) {
     const auto t0 = SteadyClock::now();
     link.send('p');
     if (link.recv() != 'p') throw std::runtime_error("pipe round trip: wrong byte");
@@ -350,9 +394,12 @@ Latency pipe_round_trip(int iterations, double time_cap_s) {
       ++loop.measured;
     }
   }
+  const double cpu = process_cpu_s() - cpu0;
   link.send('q');
+  Latency l = summarize(std::move(samples));
+  l.cpu_us = cpu_per_trip_us(link, cpu, i);
   child.wait();
-  return summarize(std::move(samples));
+  return l;
 }
 
 // The parent sends a stamped tensor, the child checks it and answers with its own tensor of the
@@ -361,9 +408,13 @@ Latency ferry_round_trip(Mode mode, std::size_t bytes, int iterations, double ti
   const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
   auto down = ferry::TensorQueue::create({kCapacity});
   auto up = ferry::TensorQueue::create({kCapacity});
+  Link link;
   Child child([&] {
+    link.child_side();
     const at::Tensor own = make_tensor(mode, numel, 0);
-    for (std::uint32_t i = 0;; ++i) {
+    const double cpu0 = process_cpu_s();
+    std::uint32_t i = 0;
+    for (;; ++i) {
       Tensors msg = down.recv(kTimeout);
       if (is_stop(msg)) break;
       check_stamp(msg, i, numel);
@@ -371,12 +422,16 @@ Latency ferry_round_trip(Mode mode, std::size_t bytes, int iterations, double ti
       stamp(own, i);
       up.send({own}, kTimeout);
     }
+    report_cpu(link, cpu0, i);
   });
+  link.parent_side();
   const at::Tensor own = make_tensor(mode, numel, 1);
-  std::vector<double> samples = time_round_trips(own, down, up, numel, iterations, time_cap_s);
+  RoundTrips r = time_round_trips(own, down, up, numel, iterations, time_cap_s);
   down.send({make_tensor(mode, 1, 0)}, kTimeout);
+  Latency l = summarize(std::move(r.samples));
+  l.cpu_us = cpu_per_trip_us(link, r.cpu_s, r.total);
   child.wait();
-  return summarize(std::move(samples));
+  return l;
 }
 
 // The parent sends as fast as the queue takes messages; the child reads every page of each. The
@@ -480,7 +535,7 @@ Latency ferry_in_process(Mode mode, std::size_t bytes, int iterations, double ti
   const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
   auto q = ferry::TensorQueue::create({kCapacity});
   const at::Tensor own = make_tensor(mode, numel, 1);
-  return summarize(time_round_trips(own, q, q, numel, iterations, time_cap_s));
+  return summarize(time_round_trips(own, q, q, numel, iterations, time_cap_s).samples);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,7 +658,9 @@ std::string pad(std::string s, std::size_t width) {
 }
 
 json to_json(const Latency& l) {
-  return {{"p50", l.p50}, {"p99", l.p99}, {"n", l.n}};
+  json j = {{"p50", l.p50}, {"p99", l.p99}, {"n", l.n}};
+  if (l.cpu_us >= 0) j["cpu_us_per_round_trip"] = l.cpu_us;
+  return j;
 }
 json to_json(const Throughput& t) {
   return {{"messages_per_s", t.messages_per_s}, {"gb_per_s", t.gb_per_s}, {"n", t.n}};
@@ -838,6 +895,21 @@ void print_report(const json& report, const std::vector<Target>& targets) {
     std::printf("\n");
   }
 
+  std::printf(
+      "\nCPU per round trip, microseconds, both processes together (a spinning waiter's cost "
+      "shows here)\n%s%s%s%s\n",
+      pad("size", w0).c_str(), pad("pipe 1 B", w).c_str(), pad("ferry_zero_copy", w).c_str(),
+      "ferry_copy");
+  auto cpu_cell = [](const json& e, const char* t) -> std::string {
+    if (!e.contains(t) || !e[t]["round_trip_us"].contains("cpu_us_per_round_trip")) return "-";
+    return num(e[t]["round_trip_us"]["cpu_us_per_round_trip"].get<double>());
+  };
+  for (const json& e : report["results"]) {
+    std::printf("%s%s%s%s\n", pad(e["size"].get<std::string>(), w0).c_str(),
+                pad(cpu_cell(e, "pipe_1byte"), w).c_str(),
+                pad(cpu_cell(e, "ferry_zero_copy"), w).c_str(), cpu_cell(e, "ferry_copy").c_str());
+  }
+
   std::printf("\nOne-way throughput, messages/s (GB/s)\n%s", pad("size", w0).c_str());
   for (const char* t : transports) std::printf("%s", pad(t, w).c_str());
   std::printf("memcpy GB/s\n");
@@ -894,30 +966,42 @@ void print_report(const json& report, const std::vector<Target>& targets) {
   std::printf("%d PASS, %d MISS, %d skipped\n", pass, miss, skipped);
 }
 
+// The goals of docs/benchmarks.md, each a ratio of two figures measured in this run.
 std::vector<Target> evaluate_targets(const json& results) {
   std::vector<Target> targets;
-  auto p50 = [](const json& e, const char* t) -> std::optional<double> {
+  auto latency = [](const json& e, const char* t, const char* pct) -> std::optional<double> {
     if (!e.contains(t)) return std::nullopt;
-    return e[t]["round_trip_us"]["p50"].get<double>();
+    return e[t]["round_trip_us"][pct].get<double>();
+  };
+  auto ratio = [](std::optional<double> a, std::optional<double> b) -> std::optional<double> {
+    if (!a || !b || *b <= 0) return std::nullopt;
+    return *a / *b;
   };
   for (const json& e : results) {
     const auto size = e["size_bytes"].get<std::size_t>();
-    const auto zc = p50(e, "ferry_zero_copy");
-    const auto pipe = p50(e, "pipe_1byte");
-    const auto torch = p50(e, "torch_shared");
-    std::optional<double> r1, r2;
-    if (zc && pipe) r1 = *zc / *pipe;
-    if (zc && torch) r2 = *torch / *zc;
-    targets.push_back({"ferry zero-copy RTT / pipe RTT", "<= 1.5x", size, r1, r1 && *r1 <= 1.5});
+    // A round trip that wakes no one: the goal holds from 4 KiB to 1 MiB, where the message's
+    // bytes are not touched by the transport.
+    if (size >= 4 * kKiB && size <= kMiB) {
+      const auto p50 = ratio(latency(e, "ferry_zero_copy", "p50"), latency(e, "pipe_1byte", "p50"));
+      const auto p99 = ratio(latency(e, "ferry_zero_copy", "p99"), latency(e, "pipe_1byte", "p99"));
+      targets.push_back(
+          {"ferry zero-copy RTT p50 / pipe RTT p50", "<= 0.35x", size, p50, p50 && *p50 <= 0.35});
+      targets.push_back(
+          {"ferry zero-copy RTT p99 / pipe RTT p99", "<= 1x", size, p99, p99 && *p99 <= 1.0});
+    }
+    const auto torch =
+        ratio(latency(e, "torch_shared", "p50"), latency(e, "ferry_zero_copy", "p50"));
     targets.push_back(
-        {"torch shared RTT / ferry zero-copy RTT", ">= 50x", size, r2, r2 && *r2 >= 50});
+        {"torch shared RTT / ferry zero-copy RTT", ">= 50x", size, torch, torch && *torch >= 50});
   }
   for (const json& e : results) {
     const auto size = e["size_bytes"].get<std::size_t>();
     if (size < kMiB) continue;
+    // Copy-on-send writes each message into another arena block, so the limit is a memcpy into
+    // rotating destinations, not into one that stays in cache.
     const double r = e["ferry_copy"]["throughput"]["gb_per_s"].get<double>() /
-                     e["memcpy"]["gb_per_s"].get<double>();
-    targets.push_back({"ferry copy GB/s / memcpy GB/s", ">= 0.5x", size, r, r >= 0.5});
+                     e["memcpy_rotating"]["gb_per_s"].get<double>();
+    targets.push_back({"ferry copy GB/s / memcpy rotating GB/s", ">= 0.8x", size, r, r >= 0.8});
   }
   return targets;
 }
