@@ -53,6 +53,8 @@ def mlp(x):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--round-trips", type=int, default=2000)
+    ap.add_argument("--pipelined", type=int, default=20000)
+    ap.add_argument("--workers", default="1,2", help="worker counts for the mlp curve")
     ap.add_argument("--batches", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -79,12 +81,18 @@ def main():
         samples.sort()
         out["empty_round_trip_us"] = {"p50": samples[len(samples) // 2] * 1e6,
                                       "p99": samples[int(len(samples) * 0.99)] * 1e6}
+        per_task = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            n = sum(1 for _ in pool.imap_unordered(noop, range(args.pipelined), chunksize=1))
+            per_task.append((time.perf_counter() - t0) / n * 1e6)
+        out["empty_pipelined_us_per_task"] = statistics.median(per_task)
 
     g = torch.Generator().manual_seed(5)
     batches = [torch.randn(args.batch_size, 64, generator=g).share_memory_()
                for _ in range(args.batches)]
     out["mlp_tasks_per_s"] = {}
-    for workers in (1, 2):
+    for workers in (int(w) for w in args.workers.split(",")):
         with ctx.Pool(workers, initializer=init_worker,
                       initargs=(max(1, cores // workers),)) as pool:
             list(pool.imap_unordered(mlp, batches[:50], chunksize=1))  # warm up
