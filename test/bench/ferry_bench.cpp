@@ -543,7 +543,15 @@ Latency ferry_in_process(Mode mode, std::size_t bytes, int iterations, double ti
 
 // The value of the first line of `path` that starts with `key`, after `separator` (cpuinfo's
 // "key : value", os-release's KEY="value").
-std::string read_first_match(const char* path, const std::string& key, char separator = ':') {
+std::string read_first_match(const char* path, const std::string& key, char separator = ':');
+
+// MemAvailable from /proc/meminfo, in bytes (0 if unreadable).
+std::size_t available_memory() {
+  const std::string kb = read_first_match("/proc/meminfo", "MemAvailable");
+  return kb.empty() ? 0 : static_cast<std::size_t>(std::stoull(kb)) * kKiB;
+}
+
+std::string read_first_match(const char* path, const std::string& key, char separator) {
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind(key, 0) != 0) continue;
@@ -1138,13 +1146,16 @@ int run(const Config& cfg) {
 int main(int argc, char** argv) {
   CLI::App app{"ferry-bench: ferry's transports beside a pipe, memcpy and torch.multiprocessing"};
   Config cfg;
-  std::vector<std::string> sizes = {"4KiB", "64KiB", "1MiB", "16MiB", "64MiB"};
+  std::vector<std::string> sizes = {"4KiB", "64KiB", "1MiB", "16MiB", "64MiB", "256MiB", "1GiB"};
   int iterations = 0;  // 0: the default for the mode
   double time_cap = 0;
   bool no_torch = false;
   app.add_option("--json", cfg.json_path, "write every number to this JSON file");
-  app.add_option("--sizes", sizes, "message sizes, e.g. 4KiB,1MiB (float32 tensors of that size)")
-      ->delimiter(',');
+  auto* sizes_option =
+      app.add_option("--sizes", sizes,
+                     "message sizes, e.g. 4KiB,1MiB (float32 tensors of that size; default 4 KiB "
+                     "to 1 GiB, leaving out what this machine's memory cannot hold)")
+          ->delimiter(',');
   app.add_option("--iterations", iterations,
                  "round trips at sizes up to 1 MiB, fewer above (default 2000, --quick 200)");
   app.add_flag("--quick", cfg.quick, "fewer iterations and a shorter time cap (smoke test)");
@@ -1168,6 +1179,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ferry-bench: bad size '%s' (a multiple of 4 bytes, at least 8)\n",
                    s.c_str());
       return 2;
+    }
+    // A size is measured with up to queue capacity + 2 tensors of it alive at once (the
+    // producer's pool, or the copies in flight and their source); a default size that would take
+    // more than half the memory available is left out rather than pushing the machine into swap.
+    const std::size_t working_set = (kCapacity + 2) * *bytes;
+    if (sizes_option->count() == 0 && working_set > available_memory() / 2) {
+      std::fprintf(stderr, "ferry-bench: leaving out %s: it needs about %s of memory\n",
+                   size_name(*bytes).c_str(), size_name(working_set).c_str());
+      continue;
     }
     cfg.sizes.push_back(*bytes);
   }
