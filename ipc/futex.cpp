@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <ctime>
 
@@ -21,6 +22,11 @@ void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
   // Not FUTEX_PRIVATE: the word is shared between processes.
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr,
             0);
+}
+
+void futex_wake(std::atomic<std::uint32_t>* word, std::uint32_t count) noexcept {
+  const int n = static_cast<int>(std::min<std::uint32_t>(count, INT_MAX));
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, n, nullptr, nullptr, 0);
 }
 
 void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {

@@ -16,4 +16,7 @@ void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
 // Wakes every waiter on *word in any process.
 void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept;
 
+// Wakes at most `count` waiters on *word in any process (those that waited longest first).
+void futex_wake(std::atomic<std::uint32_t>* word, std::uint32_t count) noexcept;
+
 }  // namespace ferry
