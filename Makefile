@@ -28,13 +28,19 @@ test: build
 	cd $(BUILD) && ctest $(CTEST_ARGS)
 
 # ferry-python-bench is generated only where the Python package is built (docs/python.md).
+# The curves go to $(PLOTS); docs/benchmarks.md shows the ones drawn with PLOTS=docs/images.
+PLOTS ?= $(BUILD)/plots
+PLOT_PYTHON ?= /usr/bin/python3
 bench: build
 	$(BUILD)/test/bench/ferry-bench --json $(BUILD)/bench.json
+	$(BUILD)/test/bench/ferry-fanin-bench --json $(BUILD)/fanin-bench.json
 	$(BUILD)/test/bench/ferry-pool-bench --json $(BUILD)/pool-bench.json
 	$(BUILD)/test/bench/ferry-cuda-bench --json $(BUILD)/cuda-bench.json
 	if [ -x $(BUILD)/test/bench/ferry-python-bench ]; then \
 	  $(BUILD)/test/bench/ferry-python-bench --json $(BUILD)/python-bench.json && \
 	  $(BUILD)/test/bench/ferry-hogwild-bench --json $(BUILD)/hogwild-bench.json; fi
+	$(PLOT_PYTHON) -B test/bench/plot_bench.py --bench $(BUILD)/bench.json \
+	  --fanin $(BUILD)/fanin-bench.json --pool $(BUILD)/pool-bench.json --out $(PLOTS)
 
 # Long runs of crashes, kills and a full /dev/shm, with figures (docs/reliability.md); needs root.
 # SOAK_ARGS changes the counts, e.g. SOAK_ARGS="--kills 200 --fuzz-seconds 60".
