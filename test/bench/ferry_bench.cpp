@@ -1180,10 +1180,11 @@ int main(int argc, char** argv) {
                    s.c_str());
       return 2;
     }
-    // A size is measured with up to queue capacity + 2 tensors of it alive at once (the
-    // producer's pool, or the copies in flight and their source); a default size that would take
-    // more than half the memory available is left out rather than pushing the machine into swap.
-    const std::size_t working_set = (kCapacity + 2) * *bytes;
+    // A size is measured with queue capacity + 2 tensors of it in the arena (the zero-copy pool;
+    // the arena keeps a segment made for one large tensor for its life) while as many more are
+    // alive in the heap (memcpy's rotating buffers, the copies' source); a default size that
+    // would take more than half the memory available is left out (1 GiB needs some 20 GiB).
+    const std::size_t working_set = 2 * (kCapacity + 2) * *bytes;
     if (sizes_option->count() == 0 && working_set > available_memory() / 2) {
       std::fprintf(stderr, "ferry-bench: leaving out %s: it needs about %s of memory\n",
                    size_name(*bytes).c_str(), size_name(working_set).c_str());
