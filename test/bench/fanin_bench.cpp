@@ -40,14 +40,13 @@
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
+#include "test/bench/bench_support.hpp"
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using namespace ferry::bench;
 using ferry::Tensors;
 
-constexpr std::size_t kKiB = 1024;
-constexpr std::size_t kMiB = 1024 * kKiB;
 constexpr std::size_t kPage = 4096;
 constexpr std::uint32_t kCapacity = 8;  // queue depth, torch's included
 // More tensors than one producer can have in flight (the queue's capacity plus the one the
@@ -98,21 +97,6 @@ int messages_per_producer(const Config& cfg, int producers) {
   return std::max(kMinMessages, (budget + producers - 1) / producers);
 }
 
-// Nearest rank, the definition fanin_peer.py uses too.
-double percentile(const std::vector<double>& sorted, int pct) {
-  if (sorted.empty()) return 0;
-  const std::size_t rank = (static_cast<std::size_t>(pct) * sorted.size() + 99) / 100;
-  return sorted[std::min(sorted.size(), std::max<std::size_t>(rank, 1)) - 1];
-}
-
-// CLOCK_MONOTONIC is one clock for every process on the machine, so a stamp taken in a producer
-// can be subtracted from a time read in the consumer (Python's time.monotonic_ns() reads it too).
-std::int64_t monotonic_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 // User plus system time of this process, all threads, in seconds.
 double rusage_self_s() {
   struct rusage ru {};
@@ -123,132 +107,6 @@ double rusage_self_s() {
 
 // ---------------------------------------------------------------------------------------------
 // Processes and the pipes that pace them.
-
-[[noreturn]] void fail_errno(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
-}
-
-// Two one-way pipes between the consumer and one producer: the start barrier, the end signal and
-// the producer's own figures travel here, outside the transport measured.
-class Link {
- public:
-  Link() {
-    if (::pipe2(down_, O_CLOEXEC) != 0 || ::pipe2(up_, O_CLOEXEC) != 0) fail_errno("pipe2");
-  }
-  ~Link() {
-    for (int fd : {down_[0], down_[1], up_[0], up_[1]})
-      if (fd >= 0) ::close(fd);
-  }
-  Link(const Link&) = delete;
-  Link& operator=(const Link&) = delete;
-
-  // Each side closes the ends it does not use, so a peer's death reads as end of file, not a hang.
-  void parent_side() { close_ends(down_[0], up_[1]); }
-  void child_side() {
-    close_ends(down_[1], up_[0]);
-    child_ = true;
-  }
-
-  template <typename T>
-  void send(T v) {
-    write_all(child_ ? up_[1] : down_[1], &v, sizeof v);
-  }
-  template <typename T>
-  T recv() {
-    T v{};
-    read_all(child_ ? down_[0] : up_[0], &v, sizeof v);
-    return v;
-  }
-  void expect(char want, const char* what) {
-    if (recv<char>() != want) throw std::runtime_error(std::string("bad signal: ") + what);
-  }
-
- private:
-  static void close_ends(int& a, int& b) {
-    ::close(a);
-    ::close(b);
-    a = b = -1;
-  }
-  static void write_all(int fd, const void* p, std::size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail_errno("write to peer");
-      c += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  static void read_all(int fd, void* p, std::size_t n) {
-    char* c = static_cast<char*>(p);
-    while (n > 0) {
-      ssize_t r = ::read(fd, c, n);
-      if (r < 0 && errno == EINTR) continue;
-      if (r == 0) throw std::runtime_error("peer process exited early");
-      if (r < 0) fail_errno("read from peer");
-      c += r;
-      n -= static_cast<std::size_t>(r);
-    }
-  }
-  int down_[2] = {-1, -1};
-  int up_[2] = {-1, -1};
-  bool child_ = false;
-};
-
-// A forked child running `body`. The child never returns into main: it _exits, so LibTorch's
-// and ferry's static destructors run only in the parent. Killed and reaped if the parent bails,
-// and killed by the kernel if the parent dies, since its siblings hold pipe ends that would
-// otherwise keep it waiting.
-class Child {
- public:
-  explicit Child(const std::function<void()>& body) {
-    std::fflush(nullptr);  // or buffered output would be printed twice
-    const pid_t parent = ::getpid();
-    pid_ = ::fork();
-    if (pid_ < 0) fail_errno("fork");
-    if (pid_ == 0) {
-      int code = 0;
-      try {
-        if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(1);
-        body();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "ferry-fanin-bench producer: %s\n", e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  // True once the child has exited, without reaping it (wait() still reports how).
-  bool exited() const {
-    siginfo_t info{};
-    return ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-           info.si_pid != 0;
-  }
-
-  void wait() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0) {
-      if (errno != EINTR) fail_errno("waitpid");
-    }
-    pid_ = -1;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      throw std::runtime_error("producer process failed (status " + std::to_string(status) + ")");
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The message: one float32 tensor whose first 24 bytes are a header and whose last element
@@ -396,14 +254,16 @@ Figures ferry_fanin(const Point& pt, double time_cap_s) {
   std::vector<std::unique_ptr<Child>> producers;
   for (int i = 0; i < pt.producers; ++i) {
     links.push_back(std::make_unique<Link>());
-    producers.push_back(std::make_unique<Child>([&, i] {
-      // The parent's ends of earlier producers' pipes: held here, they would hide the parent's
-      // end of file from those producers.
-      for (int j = 0; j < i; ++j) links[static_cast<std::size_t>(j)].reset();
-      links[static_cast<std::size_t>(i)]->child_side();
-      produce(q, *links[static_cast<std::size_t>(i)], i, numel, pt.messages_per_producer,
-              time_cap_s);
-    }));
+    producers.push_back(std::make_unique<Child>(
+        [&, i] {
+          // The parent's ends of earlier producers' pipes: held here, they would hide the parent's
+          // end of file from those producers.
+          for (int j = 0; j < i; ++j) links[static_cast<std::size_t>(j)].reset();
+          links[static_cast<std::size_t>(i)]->child_side();
+          produce(q, *links[static_cast<std::size_t>(i)], i, numel, pt.messages_per_producer,
+                  time_cap_s);
+        },
+        "ferry-fanin-bench producer"));
     links.back()->parent_side();
   }
 
@@ -493,96 +353,6 @@ Figures ferry_fanin(const Point& pt, double time_cap_s) {
 // ---------------------------------------------------------------------------------------------
 // The machine, sizes and formatting.
 
-// The value of the first line of `path` that starts with `key`, after `separator` (cpuinfo's
-// "key : value", os-release's KEY="value").
-std::string read_first_match(const char* path, const std::string& key, char separator = ':') {
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(key, 0) != 0) continue;
-    const auto sep = line.find(separator);
-    if (sep == std::string::npos) continue;
-    auto value = line.substr(sep + 1);
-    value.erase(0, value.find_first_not_of(" \t\""));
-    value.erase(value.find_last_not_of(" \t\"") + 1);
-    return value;
-  }
-  return {};
-}
-
-// CPU time of the whole machine (from /proc/stat) and of this process and its reaped children,
-// so the run can report how busy everything else was.
-struct CpuSample {
-  std::int64_t when_ns = monotonic_ns();
-  double busy_s = 0, steal_s = 0, own_s = 0;
-};
-
-CpuSample sample_cpu() {
-  CpuSample c;
-  std::ifstream in("/proc/stat");
-  std::string label;
-  // user nice system idle iowait irq softirq steal (guest time is already inside user)
-  double f[8] = {};
-  in >> label;
-  for (double& v : f) in >> v;
-  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  c.busy_s = (f[0] + f[1] + f[2] + f[5] + f[6]) / hz;
-  c.steal_s = f[7] / hz;
-  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
-    struct rusage ru {};
-    ::getrusage(who, &ru);
-    c.own_s += static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-               static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-  }
-  return c;
-}
-
-json activity(const CpuSample& a, const CpuSample& b) {
-  const double wall = static_cast<double>(b.when_ns - a.when_ns) / 1e9;
-  const double own = b.own_s - a.own_s;
-  return {{"wall_s", wall},
-          {"bench_cpu_s", own},
-          {"other_cpu_s", std::max(0.0, (b.busy_s - a.busy_s) - own)},
-          {"steal_s", b.steal_s - a.steal_s}};
-}
-
-json machine_info() {
-  json m;
-  const std::string cpu = read_first_match("/proc/cpuinfo", "model name");
-  m["cpu_model"] = cpu.empty() ? "unknown" : cpu;
-  m["cores"] = ::sysconf(_SC_NPROCESSORS_ONLN);
-  struct utsname u {};
-  if (::uname(&u) == 0) {
-    m["kernel"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
-  }
-  m["memory_gib"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
-                    static_cast<double>(::sysconf(_SC_PAGESIZE)) / static_cast<double>(1u << 30);
-  const std::string flags = read_first_match("/proc/cpuinfo", "flags");
-  m["virtual_machine"] = (" " + flags + " ").find(" hypervisor ") != std::string::npos;
-  const std::string os = read_first_match("/etc/os-release", "PRETTY_NAME=", '=');
-  if (!os.empty()) m["os"] = os;
-#ifdef TORCH_VERSION
-  m["libtorch"] = TORCH_VERSION;
-#endif
-  m["gpu"] = "none used (CPU tensors only)";
-  return m;
-}
-
-std::optional<std::size_t> parse_size(std::string s) {
-  s.erase(std::remove(s.begin(), s.end(), ' '), s.end());
-  std::size_t digits = 0;
-  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
-  if (digits == 0 || digits > 12) return std::nullopt;
-  const std::size_t value = std::stoull(s.substr(0, digits));
-  std::string unit = s.substr(digits);
-  std::transform(unit.begin(), unit.end(), unit.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (unit.empty() || unit == "b") return value;
-  if (unit == "k" || unit == "kib" || unit == "kb") return value * kKiB;
-  if (unit == "m" || unit == "mib" || unit == "mb") return value * kMiB;
-  if (unit == "g" || unit == "gib" || unit == "gb") return value * kMiB * 1024;
-  return std::nullopt;
-}
-
 std::optional<int> parse_producers(const std::string& s) {
   if (s.empty() || s.size() > 3 ||
       !std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); })) {
@@ -591,32 +361,6 @@ std::optional<int> parse_producers(const std::string& s) {
   const int n = std::stoi(s);
   if (n < 1 || n > kMaxProducers) return std::nullopt;
   return n;
-}
-
-std::string size_name(std::size_t bytes) {
-  if (bytes >= kMiB && bytes % kMiB == 0) return std::to_string(bytes / kMiB) + " MiB";
-  if (bytes >= kKiB && bytes % kKiB == 0) return std::to_string(bytes / kKiB) + " KiB";
-  return std::to_string(bytes) + " B";
-}
-
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
-// Three significant digits or so, whatever the magnitude.
-std::string num(double v) {
-  if (v >= 1e6) return fmt("%.2fM", v / 1e6);
-  if (v >= 1e4) return fmt("%.1fk", v / 1e3);
-  if (v >= 100) return fmt("%.0f", v);
-  if (v >= 10) return fmt("%.1f", v);
-  return fmt("%.2f", v);
-}
-
-std::string pad(std::string s, std::size_t width) {
-  if (s.size() < width) s.append(width - s.size(), ' ');
-  return s;
 }
 
 json to_json(const Figures& f) {
@@ -632,67 +376,17 @@ json to_json(const Figures& f) {
 // ---------------------------------------------------------------------------------------------
 // The torch.multiprocessing side, run as a subprocess by the system interpreter.
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string default_peer_script() {
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    std::string path(exe, static_cast<std::size_t>(n));
-    path = path.substr(0, path.rfind('/') + 1) + "fanin_peer.py";
-    if (::access(path.c_str(), R_OK) == 0) return path;
-  }
-  return FERRY_FANIN_PEER_SOURCE;
-}
-
-template <typename T>
-std::string join(const std::vector<T>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
 // {"status": "ok", ...peer output} or {"status": "skipped"|"failed", "reason": ...}.
 json run_torch_peer(const Config& cfg, const std::vector<Point>& points) {
   if (!cfg.torch) return {{"status", "skipped"}, {"reason", "--no-torch"}};
-  if (::access(cfg.python.c_str(), X_OK) != 0) {
-    return {{"status", "skipped"}, {"reason", cfg.python + " not found"}};
-  }
-  if (::access(cfg.peer_script.c_str(), R_OK) != 0) {
-    return {{"status", "skipped"}, {"reason", cfg.peer_script + " not found"}};
-  }
   std::vector<int> messages;
   for (const Point& p : points) messages.push_back(p.messages_per_producer);
   // The peer runs the points in the same order: sizes outer, producer counts inner.
-  const std::string cmd = shell_quote(cfg.python) + " " + shell_quote(cfg.peer_script) +
-                          " --producers " + join(cfg.producers) + " --sizes " + join(cfg.sizes) +
-                          " --messages " + join(messages) + " --time-cap " +
-                          fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : "");
-  std::fflush(nullptr);
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) {
-    return {{"status", "failed"}, {"reason", std::string("popen: ") + std::strerror(errno)}};
-  }
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  if (status != 0) {
-    const std::string how =
-        WIFEXITED(status)     ? "exited with code " + std::to_string(WEXITSTATUS(status))
-        : WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                              : "failed (status " + std::to_string(status) + ")";
-    return {{"status", "failed"}, {"reason", "fanin_peer.py " + how + "; command: " + cmd}};
-  }
-  json peer = json::parse(out, nullptr, /*allow_exceptions=*/false);
-  if (peer.is_discarded() || !peer.is_object()) {
-    return {{"status", "failed"}, {"reason", "fanin_peer.py printed no JSON object"}};
-  }
-  if (peer.contains("skipped")) return {{"status", "skipped"}, {"reason", peer["skipped"]}};
+  json peer = run_python_peer(cfg.python, cfg.peer_script,
+                              "--producers " + join(cfg.producers) + " --sizes " + join(cfg.sizes) +
+                                  " --messages " + join(messages) + " --time-cap " +
+                                  fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : ""));
+  if (peer["status"] != "ok") return peer;
   if (!peer.contains("results") || !peer["results"].is_array() ||
       peer["results"].size() != points.size()) {
     return {{"status", "failed"}, {"reason", "fanin_peer.py answered for other points"}};
@@ -704,9 +398,7 @@ json run_torch_peer(const Config& cfg, const std::vector<Point>& points) {
       return {{"status", "failed"}, {"reason", "fanin_peer.py answered for other points"}};
     }
   }
-  json result = {{"status", "ok"}};
-  result.update(peer);
-  return result;
+  return peer;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -792,7 +484,7 @@ int run(const Config& cfg) {
     std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     report["date"] = when;
   }
-  report["machine"] = machine_info();
+  report["machine"] = machine_info("none used (CPU tensors only)");
   const CpuSample cpu_start = sample_cpu();
   report["config"] = {
       {"quick", cfg.quick},
@@ -928,7 +620,8 @@ int main(int argc, char** argv) {
   }
   cfg.time_cap_s = time_cap > 0 ? time_cap : cfg.quick ? 0.25 : 2.0;
   cfg.torch = !no_torch;
-  if (cfg.peer_script.empty()) cfg.peer_script = default_peer_script();
+  if (cfg.peer_script.empty())
+    cfg.peer_script = peer_script("fanin_peer.py", FERRY_FANIN_PEER_SOURCE);
 
   try {
     return run(cfg);

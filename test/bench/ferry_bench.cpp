@@ -38,15 +38,14 @@
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
+#include "test/bench/bench_support.hpp"
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using namespace ferry::bench;
 using ferry::Tensors;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr std::size_t kKiB = 1024;
-constexpr std::size_t kMiB = 1024 * kKiB;
 constexpr std::size_t kPage = 4096;
 constexpr std::uint32_t kCapacity = 8;  // queue depth for every transport, torch's included
 // Generous: a wait this long means a peer is stuck, and the run should fail rather than hang.
@@ -95,13 +94,6 @@ struct Throughput {
   std::size_t n = 0;
 };
 
-// Nearest rank, the definition torch_peer.py uses too.
-double percentile(const std::vector<double>& sorted, int pct) {
-  if (sorted.empty()) return 0;
-  const std::size_t rank = (static_cast<std::size_t>(pct) * sorted.size() + 99) / 100;
-  return sorted[std::min(sorted.size(), std::max<std::size_t>(rank, 1)) - 1];
-}
-
 Latency summarize(std::vector<double> samples_us) {
   std::sort(samples_us.begin(), samples_us.end());
   return {percentile(samples_us, 50), percentile(samples_us, 99), samples_us.size()};
@@ -120,126 +112,6 @@ double process_cpu_s() {
 
 // ---------------------------------------------------------------------------------------------
 // Processes and the pipes that pace them.
-
-[[noreturn]] void fail_errno(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
-}
-
-// Two one-way pipes between a parent and the child it forks. Besides carrying the pipe round
-// trip, they tell the parent when the child has finished a phase, outside the transport measured.
-class Link {
- public:
-  Link() {
-    if (::pipe2(down_, O_CLOEXEC) != 0 || ::pipe2(up_, O_CLOEXEC) != 0) fail_errno("pipe2");
-  }
-  ~Link() {
-    for (int fd : {down_[0], down_[1], up_[0], up_[1]})
-      if (fd >= 0) ::close(fd);
-  }
-  Link(const Link&) = delete;
-  Link& operator=(const Link&) = delete;
-
-  // Each side closes the ends it does not use, so a peer's death reads as end of file, not a hang.
-  void parent_side() { close_ends(down_[0], up_[1]); }
-  void child_side() {
-    close_ends(down_[1], up_[0]);
-    child_ = true;
-  }
-
-  void send(char c) { write_all(child_ ? up_[1] : down_[1], &c, 1); }
-  char recv() {
-    char c = 0;
-    read_all(child_ ? down_[0] : up_[0], &c, 1);
-    return c;
-  }
-  void send_count(std::uint64_t v) { write_all(child_ ? up_[1] : down_[1], &v, sizeof v); }
-  std::uint64_t recv_count() {
-    std::uint64_t v = 0;
-    read_all(child_ ? down_[0] : up_[0], &v, sizeof v);
-    return v;
-  }
-  void send_value(double v) { write_all(child_ ? up_[1] : down_[1], &v, sizeof v); }
-  double recv_value() {
-    double v = 0;
-    read_all(child_ ? down_[0] : up_[0], &v, sizeof v);
-    return v;
-  }
-
- private:
-  static void close_ends(int& a, int& b) {
-    ::close(a);
-    ::close(b);
-    a = b = -1;
-  }
-  static void write_all(int fd, const void* p, std::size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail_errno("write to peer");
-      c += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  static void read_all(int fd, void* p, std::size_t n) {
-    char* c = static_cast<char*>(p);
-    while (n > 0) {
-      ssize_t r = ::read(fd, c, n);
-      if (r < 0 && errno == EINTR) continue;
-      if (r == 0) throw std::runtime_error("peer process exited early");
-      if (r < 0) fail_errno("read from peer");
-      c += r;
-      n -= static_cast<std::size_t>(r);
-    }
-  }
-  int down_[2] = {-1, -1};
-  int up_[2] = {-1, -1};
-  bool child_ = false;
-};
-
-// A forked child running `body`. The child never returns into main: it _exits, so LibTorch's
-// and ferry's static destructors run only in the parent. Killed and reaped if the parent bails.
-class Child {
- public:
-  explicit Child(const std::function<void()>& body) {
-    std::fflush(nullptr);  // or buffered output would be printed twice
-    pid_ = ::fork();
-    if (pid_ < 0) fail_errno("fork");
-    if (pid_ == 0) {
-      int code = 0;
-      try {
-        body();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "ferry-bench child: %s\n", e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  void wait() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0) {
-      if (errno != EINTR) fail_errno("waitpid");
-    }
-    pid_ = -1;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      throw std::runtime_error("child process failed (status " + std::to_string(status) + ")");
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 // ---------------------------------------------------------------------------------------------
 // What producers write and consumers read.
@@ -358,27 +230,29 @@ RoundTrips time_round_trips(const at::Tensor& own, ferry::TensorQueue& out, ferr
 
 // The peer's side of a CPU figure: its CPU time over `messages` answers, sent up the link.
 void report_cpu(Link& link, double cpu0, std::uint64_t messages) {
-  link.send_value(process_cpu_s() - cpu0);
-  link.send_count(messages);
+  link.send<double>(process_cpu_s() - cpu0);
+  link.send<std::uint64_t>(messages);
 }
 
 // Both processes' CPU per round trip, in microseconds: this one's over `own_trips`, the peer's as
 // report_cpu sent it.
 double cpu_per_trip_us(Link& link, double own_cpu_s, int own_trips) {
-  const double peer_cpu_s = link.recv_value();
-  const auto peer_messages = static_cast<double>(link.recv_count());
+  const double peer_cpu_s = link.recv<double>();
+  const auto peer_messages = static_cast<double>(link.recv<std::uint64_t>());
   return 1e6 * (own_cpu_s / std::max(own_trips, 1) + peer_cpu_s / std::max(peer_messages, 1.0));
 }
 
 Latency pipe_round_trip(int iterations, double time_cap_s) {
   Link link;
-  Child child([&] {
-    link.child_side();
-    const double cpu0 = process_cpu_s();
-    std::uint64_t n = 0;
-    for (char c; (c = link.recv()) != 'q'; ++n) link.send(c);
-    report_cpu(link, cpu0, n);
-  });
+  Child child(
+      [&] {
+        link.child_side();
+        const double cpu0 = process_cpu_s();
+        std::uint64_t n = 0;
+        for (char c; (c = link.recv<char>()) != 'q'; ++n) link.send(c);
+        report_cpu(link, cpu0, n);
+      },
+      "ferry-bench child");
   link.parent_side();
   TimedLoop loop{std::max(5, iterations / 10), iterations, time_cap_s};
   std::vector<double> samples;
@@ -387,7 +261,7 @@ Latency pipe_round_trip(int iterations, double time_cap_s) {
   for (; loop.next(i); ++i) {
     const auto t0 = SteadyClock::now();
     link.send('p');
-    if (link.recv() != 'p') throw std::runtime_error("pipe round trip: wrong byte");
+    if (link.recv<char>() != 'p') throw std::runtime_error("pipe round trip: wrong byte");
     const auto t1 = SteadyClock::now();
     if (i >= loop.warmup) {
       samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
@@ -409,21 +283,24 @@ Latency ferry_round_trip(Mode mode, std::size_t bytes, int iterations, double ti
   auto down = ferry::TensorQueue::create({kCapacity});
   auto up = ferry::TensorQueue::create({kCapacity});
   Link link;
-  Child child([&] {
-    link.child_side();
-    const at::Tensor own = make_tensor(mode, numel, 0);
-    const double cpu0 = process_cpu_s();
-    std::uint32_t i = 0;
-    for (;; ++i) {
-      Tensors msg = down.recv(kTimeout);
-      if (is_stop(msg)) break;
-      check_stamp(msg, i, numel);
-      msg.clear();  // done with it: its lease goes back before the answer, as in a real consumer
-      stamp(own, i);
-      up.send({own}, kTimeout);
-    }
-    report_cpu(link, cpu0, i);
-  });
+  Child child(
+      [&] {
+        link.child_side();
+        const at::Tensor own = make_tensor(mode, numel, 0);
+        const double cpu0 = process_cpu_s();
+        std::uint32_t i = 0;
+        for (;; ++i) {
+          Tensors msg = down.recv(kTimeout);
+          if (is_stop(msg)) break;
+          check_stamp(msg, i, numel);
+          msg.clear();  // done with it: its lease goes back before the answer, as in a real
+                        // consumer
+          stamp(own, i);
+          up.send({own}, kTimeout);
+        }
+        report_cpu(link, cpu0, i);
+      },
+      "ferry-bench child");
   link.parent_side();
   const at::Tensor own = make_tensor(mode, numel, 1);
   RoundTrips r = time_round_trips(own, down, up, numel, iterations, time_cap_s);
@@ -441,21 +318,23 @@ Throughput ferry_throughput(Mode mode, std::size_t bytes, int messages, double t
   const int warmup = static_cast<int>(kCapacity) + 2;
   auto q = ferry::TensorQueue::create({kCapacity});
   Link link;
-  Child child([&] {
-    link.child_side();
-    float sum = 0;
-    for (int i = 0; i < warmup; ++i) sum += touch_pages(q.recv(kTimeout).at(0));
-    link.send('w');
-    std::uint64_t count = 0;
-    for (;;) {
-      Tensors msg = q.recv(kTimeout);
-      if (is_stop(msg)) break;
-      sum += touch_pages(msg.at(0));
-      ++count;
-    }
-    g_sink = sum;
-    link.send_count(count);
-  });
+  Child child(
+      [&] {
+        link.child_side();
+        float sum = 0;
+        for (int i = 0; i < warmup; ++i) sum += touch_pages(q.recv(kTimeout).at(0));
+        link.send('w');
+        std::uint64_t count = 0;
+        for (;;) {
+          Tensors msg = q.recv(kTimeout);
+          if (is_stop(msg)) break;
+          sum += touch_pages(msg.at(0));
+          ++count;
+        }
+        g_sink = sum;
+        link.send<std::uint64_t>(count);
+      },
+      "ferry-bench child");
   link.parent_side();
 
   // Zero-copy: a pool of shared tensors, more than can be in flight (the queue's capacity plus
@@ -467,7 +346,7 @@ Throughput ferry_throughput(Mode mode, std::size_t bytes, int messages, double t
     pool.push_back(make_tensor(mode, numel, static_cast<float>(k)));
   }
   for (int i = 0; i < warmup; ++i) q.send({pool[i % pool.size()]}, kTimeout);
-  if (link.recv() != 'w') throw std::runtime_error("throughput: bad warm-up signal");
+  if (link.recv<char>() != 'w') throw std::runtime_error("throughput: bad warm-up signal");
 
   const auto t0 = SteadyClock::now();
   std::uint64_t sent = 0;
@@ -477,7 +356,7 @@ Throughput ferry_throughput(Mode mode, std::size_t bytes, int messages, double t
     ++sent;
   }
   q.send({make_tensor(mode, 1, 0)}, kTimeout);
-  const std::uint64_t received = link.recv_count();
+  const auto received = link.recv<std::uint64_t>();
   const double elapsed = seconds_since(t0);
   child.wait();
   if (received != sent) {
@@ -540,130 +419,6 @@ Latency ferry_in_process(Mode mode, std::size_t bytes, int iterations, double ti
 
 // ---------------------------------------------------------------------------------------------
 // The machine, sizes and formatting.
-
-// The value of the first line of `path` that starts with `key`, after `separator` (cpuinfo's
-// "key : value", os-release's KEY="value").
-std::string read_first_match(const char* path, const std::string& key, char separator = ':');
-
-// MemAvailable from /proc/meminfo, in bytes (0 if unreadable).
-std::size_t available_memory() {
-  const std::string kb = read_first_match("/proc/meminfo", "MemAvailable");
-  return kb.empty() ? 0 : static_cast<std::size_t>(std::stoull(kb)) * kKiB;
-}
-
-std::string read_first_match(const char* path, const std::string& key, char separator) {
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(key, 0) != 0) continue;
-    const auto sep = line.find(separator);
-    if (sep == std::string::npos) continue;
-    auto value = line.substr(sep + 1);
-    value.erase(0, value.find_first_not_of(" \t\""));
-    value.erase(value.find_last_not_of(" \t\"") + 1);
-    return value;
-  }
-  return {};
-}
-
-// CPU time of the whole machine (from /proc/stat) and of this process and its reaped children
-// (the forked peers and the Python baseline), so the run can report how busy everything else was.
-struct CpuSample {
-  SteadyClock::time_point when = SteadyClock::now();
-  double busy_s = 0, steal_s = 0, own_s = 0;
-};
-
-CpuSample sample_cpu() {
-  CpuSample c;
-  std::ifstream in("/proc/stat");
-  std::string label;
-  // user nice system idle iowait irq softirq steal (guest time is already inside user)
-  double f[8] = {};
-  in >> label;
-  for (double& v : f) in >> v;
-  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  c.busy_s = (f[0] + f[1] + f[2] + f[5] + f[6]) / hz;
-  c.steal_s = f[7] / hz;
-  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
-    struct rusage ru {};
-    ::getrusage(who, &ru);
-    c.own_s += static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-               static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-  }
-  return c;
-}
-
-json activity(const CpuSample& a, const CpuSample& b) {
-  const double wall = std::chrono::duration<double>(b.when - a.when).count();
-  const double own = b.own_s - a.own_s;
-  return {{"wall_s", wall},
-          {"bench_cpu_s", own},
-          {"other_cpu_s", std::max(0.0, (b.busy_s - a.busy_s) - own)},
-          {"steal_s", b.steal_s - a.steal_s}};
-}
-
-json machine_info() {
-  json m;
-  const std::string cpu = read_first_match("/proc/cpuinfo", "model name");
-  m["cpu_model"] = cpu.empty() ? "unknown" : cpu;
-  m["cores"] = ::sysconf(_SC_NPROCESSORS_ONLN);
-  struct utsname u {};
-  if (::uname(&u) == 0) {
-    m["kernel"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
-  }
-  m["memory_gib"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
-                    static_cast<double>(::sysconf(_SC_PAGESIZE)) / static_cast<double>(1u << 30);
-  const std::string flags = read_first_match("/proc/cpuinfo", "flags");
-  m["virtual_machine"] = (" " + flags + " ").find(" hypervisor ") != std::string::npos;
-  const std::string os = read_first_match("/etc/os-release", "PRETTY_NAME=", '=');
-  if (!os.empty()) m["os"] = os;
-#ifdef TORCH_VERSION
-  m["libtorch"] = TORCH_VERSION;
-#endif
-  m["gpu"] = "none used (CPU transports only)";
-  return m;
-}
-
-std::optional<std::size_t> parse_size(std::string s) {
-  s.erase(std::remove(s.begin(), s.end(), ' '), s.end());
-  std::size_t digits = 0;
-  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
-  if (digits == 0) return std::nullopt;
-  const std::size_t value = std::stoull(s.substr(0, digits));
-  std::string unit = s.substr(digits);
-  std::transform(unit.begin(), unit.end(), unit.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (unit.empty() || unit == "b") return value;
-  if (unit == "k" || unit == "kib" || unit == "kb") return value * kKiB;
-  if (unit == "m" || unit == "mib" || unit == "mb") return value * kMiB;
-  if (unit == "g" || unit == "gib" || unit == "gb") return value * kMiB * 1024;
-  return std::nullopt;
-}
-
-std::string size_name(std::size_t bytes) {
-  if (bytes >= kMiB && bytes % kMiB == 0) return std::to_string(bytes / kMiB) + " MiB";
-  if (bytes >= kKiB && bytes % kKiB == 0) return std::to_string(bytes / kKiB) + " KiB";
-  return std::to_string(bytes) + " B";
-}
-
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
-// Three significant digits or so, whatever the magnitude.
-std::string num(double v) {
-  if (v >= 1e6) return fmt("%.2fM", v / 1e6);
-  if (v >= 1e4) return fmt("%.1fk", v / 1e3);
-  if (v >= 100) return fmt("%.0f", v);
-  if (v >= 10) return fmt("%.1f", v);
-  return fmt("%.2f", v);
-}
-
-std::string pad(std::string s, std::size_t width) {
-  if (s.size() < width) s.append(width - s.size(), ' ');
-  return s;
-}
 
 json to_json(const Latency& l) {
   json j = {{"p50", l.p50}, {"p99", l.p99}, {"n", l.n}};
@@ -782,72 +537,17 @@ json measure_receipt(const Config& cfg) {
 // ---------------------------------------------------------------------------------------------
 // The torch.multiprocessing baseline, run as a subprocess by the system interpreter.
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string default_peer_script() {
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    std::string path(exe, static_cast<std::size_t>(n));
-    path = path.substr(0, path.rfind('/') + 1) + "torch_peer.py";
-    if (::access(path.c_str(), R_OK) == 0) return path;
-  }
-  return FERRY_BENCH_PEER_SOURCE;
-}
-
-template <typename T>
-std::string join(const std::vector<T>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
-// {"status": "ok", ...peer output} or {"status": "skipped"|"failed", "reason": ...}.
 json run_torch_peer(const Config& cfg, const std::vector<Plan>& plans) {
   if (!cfg.torch) return {{"status", "skipped"}, {"reason", "--no-torch"}};
-  if (::access(cfg.python.c_str(), X_OK) != 0) {
-    return {{"status", "skipped"}, {"reason", cfg.python + " not found"}};
-  }
-  if (::access(cfg.peer_script.c_str(), R_OK) != 0) {
-    return {{"status", "skipped"}, {"reason", cfg.peer_script + " not found"}};
-  }
   std::vector<int> round_trips, messages;
   for (const Plan& p : plans) {
     round_trips.push_back(p.round_trips);
     messages.push_back(p.messages);
   }
-  const std::string cmd = shell_quote(cfg.python) + " " + shell_quote(cfg.peer_script) +
-                          " --sizes " + join(cfg.sizes) + " --round-trips " + join(round_trips) +
-                          " --messages " + join(messages) + " --time-cap " +
-                          fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : "");
-  std::fflush(nullptr);
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) {
-    return {{"status", "failed"}, {"reason", std::string("popen: ") + std::strerror(errno)}};
-  }
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  if (status != 0) {
-    const std::string how =
-        WIFEXITED(status)     ? "exited with code " + std::to_string(WEXITSTATUS(status))
-        : WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                              : "failed (status " + std::to_string(status) + ")";
-    return {{"status", "failed"}, {"reason", "torch_peer.py " + how + "; command: " + cmd}};
-  }
-  json peer = json::parse(out, nullptr, /*allow_exceptions=*/false);
-  if (peer.is_discarded() || !peer.is_object()) {
-    return {{"status", "failed"}, {"reason", "torch_peer.py printed no JSON object"}};
-  }
-  if (peer.contains("skipped")) return {{"status", "skipped"}, {"reason", peer["skipped"]}};
-  json result = {{"status", "ok"}};
-  result.update(peer);
-  return result;
+  return run_python_peer(cfg.python, cfg.peer_script,
+                         "--sizes " + join(cfg.sizes) + " --round-trips " + join(round_trips) +
+                             " --messages " + join(messages) + " --time-cap " +
+                             fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : ""));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1031,7 +731,7 @@ int run(const Config& cfg) {
     std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     report["date"] = when;
   }
-  report["machine"] = machine_info();
+  report["machine"] = machine_info("none used (CPU transports only)");
   // Other work on the machine shifts every number: the CPU time others used during the run says
   // whether it was quiet.
   const CpuSample cpu_start = sample_cpu();
@@ -1195,7 +895,8 @@ int main(int argc, char** argv) {
   cfg.iterations = iterations > 0 ? iterations : cfg.quick ? 200 : 2000;
   cfg.time_cap_s = time_cap > 0 ? time_cap : cfg.quick ? 0.5 : 3.0;
   cfg.torch = !no_torch;
-  if (cfg.peer_script.empty()) cfg.peer_script = default_peer_script();
+  if (cfg.peer_script.empty())
+    cfg.peer_script = peer_script("torch_peer.py", FERRY_BENCH_PEER_SOURCE);
   if (iterations < 0 || time_cap < 0) {
     std::fprintf(stderr, "ferry-bench: --iterations and --time-cap must be positive\n");
     return 2;
