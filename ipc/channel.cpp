@@ -97,21 +97,16 @@ struct RingHeader {
 
 // The waker bumps the word then reads the waiter count; the waiter counts itself then lets the
 // kernel compare the word. Both sequentially consistent, so either the waker sees the waiter or
-// the waiter sees the new word and does not sleep.
-void wake(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters) noexcept {
+// the waiter sees the new word and does not sleep. `count` waiters at most are woken: producers
+// waiting for room get as many as the records a pop freed (more could not all fit; waking every
+// one made many producers, the fan-in layout, fight over each slot: with 8, 1.5x the messages/s
+// and a third of the p99 this way). A woken producer that finds too little room sleeps again at
+// the back of the queue, so the next pop wakes another; a woken one that dies costs the others
+// at most one wait slice.
+void wake(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
+          std::uint32_t count = std::numeric_limits<std::uint32_t>::max()) noexcept {
   word->fetch_add(1, std::memory_order_seq_cst);
-  if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake_all(word);
-}
-
-// The same for producers waiting for room, waking only as many as the records a pop freed: more
-// could not all fit, and waking every producer on each pop made many producers (the fan-in
-// layout) fight over one slot (8 producers: 1.5x the messages/s and a third of the p99 with this).
-// A woken producer that finds too little room sleeps again at the back of the queue, so the next
-// pop wakes another; a woken one that dies costs the others at most one wait slice.
-void wake_for_room(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
-                   std::uint32_t records) noexcept {
-  word->fetch_add(1, std::memory_order_seq_cst);
-  if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake(word, records);
+  if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake(word, count);
 }
 
 void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
@@ -349,7 +344,7 @@ std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
 Channel::Channel(std::shared_ptr<Segment> segment)
     : segment_(std::move(segment)),
       push_spin_(SpinPolicy::ceiling_from_env()),
-      pop_spin_(SpinPolicy::ceiling_from_env()) {}
+      pop_spin_(push_spin_.ceiling()) {}
 
 Channel::~Channel() = default;
 
@@ -518,7 +513,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       }
     }
     if (popped != 0) {
-      wake_for_room(&h->not_full_seq, &h->full_waiters, popped);
+      wake(&h->not_full_seq, &h->full_waiters, popped);
       return popped;
     }
     if (peer_check.due() && peers_with_role_dead(kProducer)) {

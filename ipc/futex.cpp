@@ -30,8 +30,7 @@ void futex_wake(std::atomic<std::uint32_t>* word, std::uint32_t count) noexcept 
 }
 
 void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
-            nullptr, 0);
+  futex_wake(word, INT_MAX);
 }
 
 }  // namespace ferry
