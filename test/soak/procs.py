@@ -67,17 +67,11 @@ def memory(pid):
     return got if len(got) == 2 else None
 
 
-def shm_held(pid, shm_dir="/dev/shm"):
-    """Bytes of the shm segments `pid` maps (each counted once, whole): what it keeps alive.
-    RssShmem counts only the pages it touched, but a segment is reserved whole (fallocate), so
-    a segment mapped for one small tensor holds all of its memory. None when `pid` is gone."""
-    got = shm_mapped(pid, shm_dir)
-    return None if got is None else sum(got.values())
-
-
 def shm_mapped(pid, shm_dir="/dev/shm"):
     """{(device, inode): bytes mapped} for the shm segments `pid` maps (the largest mapping of
-    each; ferry's segments have no name once made); None when `pid` is gone."""
+    each; ferry's segments have no name once made); None when `pid` is gone. Their sum is what
+    `pid` keeps alive: RssShmem counts only the pages it touched, but a segment is reserved whole
+    (fallocate), so a segment mapped for one small tensor holds all of its memory."""
     sizes = {}
     try:
         with open(f"/proc/{pid}/maps") as f:
