@@ -33,7 +33,8 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
-constexpr std::uint32_t kVersion = 2;                     // 2: max_messages and the message count
+// 2: max_messages and the message count; 3: the wake-up stamps
+constexpr std::uint32_t kVersion = 3;
 constexpr std::uint32_t kProducer = 1;
 constexpr std::uint32_t kConsumer = 2;
 constexpr std::size_t kParticipants = 32;
@@ -89,6 +90,10 @@ struct RingHeader {
   // lost one.
   std::atomic<std::uint32_t> empty_waiters;
   std::atomic<std::uint32_t> full_waiters;
+  // When a waker last called the kernel to wake sleepers on each word (steady clock, ns), so a
+  // woken waiter learns how soon its answer came, not how long its own wake-up took (SpinPolicy).
+  std::atomic<std::int64_t> not_empty_woken_ns;
+  std::atomic<std::int64_t> not_full_woken_ns;
   std::atomic<std::uint32_t> closed;
   // Roles of dead participants whose entries were recycled: their death must still count.
   std::atomic<std::uint32_t> dead_roles;
@@ -103,10 +108,16 @@ struct RingHeader {
 // and a third of the p99 this way). A woken producer that finds too little room sleeps again at
 // the back of the queue, so the next pop wakes another; a woken one that dies costs the others
 // at most one wait slice.
+// The stamp is written only on the way into the kernel: a waiter found polling measures its own
+// wait, so the path without sleepers reads no clock.
 void wake(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
+          std::atomic<std::int64_t>* woken_ns,
           std::uint32_t count = std::numeric_limits<std::uint32_t>::max()) noexcept {
   word->fetch_add(1, std::memory_order_seq_cst);
-  if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake(word, count);
+  if (waiters->load(std::memory_order_seq_cst) != 0) {
+    woken_ns->store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+    futex_wake(word, count);
+  }
 }
 
 void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
@@ -118,15 +129,18 @@ void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* wait
 
 // Waits for `word` to move from `seen`: polls it for as long as `spin` allows, then sleeps in
 // the kernel for at most `slice`. A waiter found while polling is not counted asleep, so its waker
-// makes no futex call either. How long it took teaches `spin` the next budget.
+// makes no futex call either. How soon the answer came teaches `spin` the next budget.
 void wait_for_change(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
-                     std::uint32_t seen, std::chrono::nanoseconds slice,
-                     SpinPolicy& spin) noexcept {
+                     const std::atomic<std::int64_t>* woken_ns, std::uint32_t seen,
+                     std::chrono::nanoseconds slice, SpinPolicy& spin) noexcept {
   const Clock::time_point start = Clock::now();
-  if (!spin_until_changed(*word, seen, std::min(spin.budget(), slice))) {
-    sleep_on(word, waiters, seen, slice);
+  if (spin_until_changed(*word, seen, std::min(spin.budget(), slice))) {
+    spin.record(Clock::now() - start);
+    return;
   }
-  spin.record(Clock::now() - start);
+  sleep_on(word, waiters, seen, slice);
+  const Clock::time_point woken_at{Clock::duration(woken_ns->load(std::memory_order_acquire))};
+  spin.record(answered_after(start, woken_at, Clock::now()));
 }
 
 constexpr std::size_t kHeaderBytes = (sizeof(RingHeader) + 63) / 64 * 64;
@@ -453,7 +467,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       }
     }
     if (pushed) {
-      wake(&h->not_empty_seq, &h->empty_waiters);
+      wake(&h->not_empty_seq, &h->empty_waiters, &h->not_empty_woken_ns);
       return seq;
     }
     // Before the deadline: a wait that slept and runs out now still reports a death it sees.
@@ -471,7 +485,8 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
               "consumers, pass a longer timeout, or create the channel with a larger "
               "capacity");
     }
-    wait_for_change(&h->not_full_seq, &h->full_waiters, seen, deadline.slice(), push_spin_);
+    wait_for_change(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, seen,
+                    deadline.slice(), push_spin_);
   }
 }
 
@@ -513,7 +528,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       }
     }
     if (popped != 0) {
-      wake(&h->not_full_seq, &h->full_waiters, popped);
+      wake(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, popped);
       return popped;
     }
     if (peer_check.due() && peers_with_role_dead(kProducer)) {
@@ -525,7 +540,8 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
                                      ": the channel stayed empty; check that a producer is "
                                      "pushing, or pass a longer timeout (kForever to wait)");
     }
-    wait_for_change(&h->not_empty_seq, &h->empty_waiters, seen, deadline.slice(), pop_spin_);
+    wait_for_change(&h->not_empty_seq, &h->empty_waiters, &h->not_empty_woken_ns, seen,
+                    deadline.slice(), pop_spin_);
   }
 }
 

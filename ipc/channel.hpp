@@ -75,6 +75,9 @@ class Channel {
   std::uint32_t messages() const noexcept;      // messages in the ring now
   std::uint32_t max_messages() const noexcept;  // 0: no bound but capacity
   int fd() const noexcept;  // the segment's fd, for passing to a spawned process
+  // What this process has learnt of its waits for messages and for room (how long it polls).
+  const SpinPolicy& pop_spin() const noexcept { return pop_spin_; }
+  const SpinPolicy& push_spin() const noexcept { return push_spin_; }
 
   ~Channel();
   Channel(const Channel&) = delete;

@@ -59,6 +59,12 @@ void SpinPolicy::record(nanoseconds waited) noexcept {
   typical_ns_.store(t + (w - t) / 4, std::memory_order_relaxed);
 }
 
+nanoseconds answered_after(Clock::time_point start, Clock::time_point woken_at,
+                           Clock::time_point end) noexcept {
+  if (woken_at < start || woken_at > end) return end - start;
+  return woken_at - start;
+}
+
 bool spin_until_changed(const std::atomic<std::uint32_t>& word, std::uint32_t seen,
                         nanoseconds budget) noexcept {
   if (budget.count() <= 0) return false;

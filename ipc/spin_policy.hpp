@@ -16,6 +16,10 @@
 // - past the ceiling the budget is 0: an idle waiter sleeps at once and costs no CPU;
 // - a ceiling of 0 (FERRY_SPIN_US=0, or a machine with one CPU, where the spinner would only
 //   delay the peer it waits for) never spins.
+// A wait that slept is counted until its waker's wake-up call (`answered_after`), not until the
+// sleeper ran again: the sleeper's own wake-up says nothing about how fast the peer answers. Were
+// it counted, two peers whose wake-ups each take most of the ceiling would each see waits of two
+// wake-ups, over the ceiling, and both stay asleep for good although either answers at once.
 //
 // One policy per waiting role and channel in a process. Threads share it: its one word is read
 // and written relaxed, so concurrent records may lose one another, which only skews a guess.
@@ -54,6 +58,14 @@ class SpinPolicy {
   // most needs it, and one sleep tells it otherwise.
   std::atomic<std::int64_t> typical_ns_;
 };
+
+// How long a wait that slept took to be answered: from `start` to `woken_at`, the time its waker
+// stamped when it called the kernel to wake the sleepers, when that stamp falls within the wait;
+// the whole wait, to `end`, when it does not (a stamp of an earlier wake-up, a slice that ended
+// with no wake-up, a clock that differs between the processes).
+std::chrono::nanoseconds answered_after(std::chrono::steady_clock::time_point start,
+                                        std::chrono::steady_clock::time_point woken_at,
+                                        std::chrono::steady_clock::time_point end) noexcept;
 
 // Polls `word` until it differs from `seen` or `budget` has passed; true if it changed.
 bool spin_until_changed(const std::atomic<std::uint32_t>& word, std::uint32_t seen,

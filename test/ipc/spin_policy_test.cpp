@@ -1,5 +1,6 @@
 // How long a waiter polls before it sleeps: one case per rule of SpinPolicy, the poll itself, and
 // what a user relies on in a channel: an idle waiter costs no CPU once its spin is spent.
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -96,6 +97,22 @@ TEST_CASE("a ceiling of 0 never spins, whatever the history", "[spin]") {
   CHECK(SpinPolicy(nanoseconds(0)).budget() == nanoseconds(0));
   CHECK(budget_after(times(50, microseconds(1)), nanoseconds(0)) == nanoseconds(0));
   CHECK(SpinPolicy(nanoseconds(-5)).budget() == nanoseconds(0));
+}
+
+TEST_CASE("a wait that slept counts until its waker's stamp, not until the sleeper ran again",
+          "[spin]") {
+  using std::chrono::steady_clock;
+  const steady_clock::time_point start = steady_clock::now();
+  const steady_clock::time_point end = start + milliseconds(300);
+  // The waker stamped 30 ms in; the sleeper ran again 270 ms later.
+  CHECK(ferry::answered_after(start, start + milliseconds(30), end) == milliseconds(30));
+  CHECK(ferry::answered_after(start, start, end) == nanoseconds(0));
+  CHECK(ferry::answered_after(start, end, end) == milliseconds(300));
+  // A stamp from before the wait is an earlier wake-up's; one after it is not this wait's
+  // (another clock, or a later waker): the whole wait counts.
+  CHECK(ferry::answered_after(start, start - milliseconds(1), end) == milliseconds(300));
+  CHECK(ferry::answered_after(start, steady_clock::time_point{}, end) == milliseconds(300));
+  CHECK(ferry::answered_after(start, end + nanoseconds(1), end) == milliseconds(300));
 }
 
 TEST_CASE("FERRY_SPIN_US sets the ceiling; a bad value is refused by name", "[spin]") {
@@ -217,4 +234,62 @@ TEST_CASE("messages between two processes arrive intact and in order with spinni
     INFO("FERRY_SPIN_US=" << setting);
     CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   }
+}
+
+TEST_CASE("a consumer woken late learns when its message came, not when it ran again",
+          "[spin][channel]") {
+  if (std::thread::hardware_concurrency() < 2) {
+    WARN("skipped: one CPU, where a waiter never spins and learns nothing");
+    return;
+  }
+  // A 10 ms ceiling counts a wait as at most 80 ms; the consumer is kept from running for 300 ms
+  // after the message comes, so a wait counted to when it ran again would be 80 ms.
+  ::setenv("FERRY_SPIN_US", "10000", 1);
+  auto ch = ferry::Channel::create({4, 64, 0});
+  ::unsetenv("FERRY_SPIN_US");
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    const std::int64_t before = ch->pop_spin().typical().count();
+    (void)!::write(fds[1], "w", 1);
+    std::vector<std::byte> out;
+    int code = 0;
+    try {
+      ch->pop(out, std::chrono::seconds(20));
+    } catch (...) {
+      code = 2;
+    }
+    // record() moved typical a quarter of the way from `before` to the wait it counted.
+    const std::int64_t counted = 4 * ch->pop_spin().typical().count() - 3 * before;
+    (void)!::write(fds[1], &counted, sizeof counted);
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  char ready = 0;
+  REQUIRE(::read(fds[0], &ready, 1) == 1);
+  // Past the consumer's 10 ms spin: it sleeps in the kernel when it is stopped.
+  std::this_thread::sleep_for(milliseconds(30));
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, WUNTRACED) == pid);
+  REQUIRE(WIFSTOPPED(status));
+  std::vector<std::byte> msg(64, std::byte{1});
+  ch->push(msg.data(), 1, std::chrono::seconds(5));
+  std::this_thread::sleep_for(milliseconds(300));
+  REQUIRE(::kill(pid, SIGCONT) == 0);
+  std::int64_t counted = -1;
+  REQUIRE(::read(fds[0], &counted, sizeof counted) == static_cast<ssize_t>(sizeof counted));
+  ::close(fds[0]);
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // About 30 ms: from the start of its wait to the push that woke it. 80 ms would mean it counted
+  // its own 300 ms stop; 10 ms (what it knew before) that it never waited. The margins are for a
+  // loaded machine.
+  INFO("counted wait: " << counted / 1000 << " us");
+  CHECK(counted > 12'000'000);
+  CHECK(counted < 79'000'000);
 }
