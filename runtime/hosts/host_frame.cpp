@@ -1,0 +1,149 @@
+#include "runtime/hosts/host_frame.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "ipc/error.hpp"
+#include "ipc/wire.hpp"
+
+namespace ferry::hosts {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x4b4e494c'59525246ull;  // "FRRYLINK" little-endian
+constexpr std::uint32_t kVersion = 1;
+
+// The fixed part, then kMaxFrameTensors entries, then the body.
+struct Head {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint8_t kind;
+  std::uint8_t tensors;
+  std::uint16_t body_bytes;
+  std::uint64_t seq;
+};
+struct Entry {
+  std::uint8_t dtype;
+  std::uint8_t rank;
+  std::uint8_t pad[6];
+  std::int64_t sizes[kMaxFrameDims];
+};
+constexpr std::size_t kEntriesAt = sizeof(Head);
+constexpr std::size_t kBodyAt = kEntriesAt + kMaxFrameTensors * sizeof(Entry);
+static_assert(kBodyAt + kMaxFrameBody <= kFrameBytes, "the frame's parts must fit its size");
+
+[[noreturn]] void bad(const std::string& what) {
+  throw Error(Errc::bad_record, "host link frame: " + what + "; the link is given up");
+}
+
+bool known_kind(std::uint8_t k) {
+  return k >= static_cast<std::uint8_t>(FrameKind::task) &&
+         k <= static_cast<std::uint8_t>(FrameKind::bye);
+}
+
+}  // namespace
+
+const char* frame_kind_name(FrameKind k) noexcept {
+  switch (k) {
+    case FrameKind::task:
+      return "task";
+    case FrameKind::result:
+      return "result";
+    case FrameKind::heartbeat:
+      return "heartbeat";
+    case FrameKind::bye:
+      return "bye";
+  }
+  return "unknown";
+}
+
+std::uint64_t payload_bytes(const TensorShape& t) {
+  const std::size_t elem = wire::element_size(t.dtype);
+  if (elem == 0) bad("unknown dtype code " + std::to_string(t.dtype));
+  std::uint64_t n = elem;
+  for (const std::int64_t s : t.sizes) {
+    if (s < 0) bad("negative size " + std::to_string(s));
+    if (s != 0 && n > UINT64_MAX / static_cast<std::uint64_t>(s)) bad("tensor size overflows");
+    n *= static_cast<std::uint64_t>(s);
+  }
+  return n;
+}
+
+FrameBytes encode_frame(const Frame& f) {
+  if (f.tensors.size() > kMaxFrameTensors) {
+    throw Error(Errc::invalid_argument, "a message between hosts carries at most " +
+                                            std::to_string(kMaxFrameTensors) + " tensors, not " +
+                                            std::to_string(f.tensors.size()) +
+                                            ": stack them, or send them in several tasks");
+  }
+  if (f.body.size() > kMaxFrameBody) {
+    throw Error(Errc::invalid_argument,
+                "a message between hosts carries at most " + std::to_string(kMaxFrameBody) +
+                    " bytes of task name and arguments, not " + std::to_string(f.body.size()) +
+                    ": pass large arguments as tensors");
+  }
+  FrameBytes out{};
+  const Head head{kMagic,
+                  kVersion,
+                  static_cast<std::uint8_t>(f.kind),
+                  static_cast<std::uint8_t>(f.tensors.size()),
+                  static_cast<std::uint16_t>(f.body.size()),
+                  f.seq};
+  std::memcpy(out.data(), &head, sizeof head);
+  for (std::size_t i = 0; i < f.tensors.size(); ++i) {
+    const TensorShape& t = f.tensors[i];
+    if (t.sizes.size() > kMaxFrameDims) {
+      throw Error(Errc::invalid_argument, "a tensor between hosts has at most " +
+                                              std::to_string(kMaxFrameDims) + " dimensions, not " +
+                                              std::to_string(t.sizes.size()));
+    }
+    Entry e{};
+    e.dtype = t.dtype;
+    e.rank = static_cast<std::uint8_t>(t.sizes.size());
+    for (std::size_t d = 0; d < t.sizes.size(); ++d) {
+      if (t.sizes[d] < 0) {
+        throw Error(Errc::invalid_argument,
+                    "a tensor size is negative: " + std::to_string(t.sizes[d]));
+      }
+      e.sizes[d] = t.sizes[d];
+    }
+    std::memcpy(out.data() + kEntriesAt + i * sizeof(Entry), &e, sizeof e);
+  }
+  std::memcpy(out.data() + kBodyAt, f.body.data(), f.body.size());
+  return out;
+}
+
+Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes) {
+  Head head{};
+  std::memcpy(&head, bytes.data(), sizeof head);
+  if (head.magic != kMagic) bad("bad magic: the peer is not a ferry host link");
+  if (head.version != kVersion) {
+    bad("version " + std::to_string(head.version) + ", this build speaks " +
+        std::to_string(kVersion) + ": run the same ferry on every host");
+  }
+  if (!known_kind(head.kind)) bad("unknown kind " + std::to_string(head.kind));
+  if (head.tensors > kMaxFrameTensors) bad(std::to_string(head.tensors) + " tensors");
+  if (head.body_bytes > kMaxFrameBody) bad("a body of " + std::to_string(head.body_bytes));
+  Frame f;
+  f.kind = static_cast<FrameKind>(head.kind);
+  f.seq = head.seq;
+  f.body.assign(reinterpret_cast<const char*>(bytes.data() + kBodyAt), head.body_bytes);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < head.tensors; ++i) {
+    Entry e{};
+    std::memcpy(&e, bytes.data() + kEntriesAt + i * sizeof(Entry), sizeof e);
+    if (e.rank > kMaxFrameDims)
+      bad("tensor " + std::to_string(i) + " of rank " + std::to_string(e.rank));
+    TensorShape t;
+    t.dtype = e.dtype;
+    t.sizes.assign(e.sizes, e.sizes + e.rank);
+    const std::uint64_t n = payload_bytes(t);
+    if (n > max_payload_bytes - total) {
+      bad("a payload over the link's limit of " + std::to_string(max_payload_bytes) + " bytes");
+    }
+    total += n;
+    f.tensors.push_back(std::move(t));
+  }
+  return f;
+}
+
+}  // namespace ferry::hosts

@@ -1,0 +1,66 @@
+// The fixed-size header that leads every message on a link between two hosts
+// (docs/multi-host.md, "The link").
+//
+// A Gloo receive must be posted with exactly the size that was sent: one that differs aborts the
+// receiving process. So every message is a frame of kFrameBytes first, which the receiver checks
+// here before it posts anything else; the frame says how many payload tensors follow, with their
+// dtypes and sizes, and the receiver posts a receive of exactly that size for each. A frame that
+// fails the check is refused with Error(bad_record) and the link is given up: nothing is guessed.
+//
+// Layout (little-endian, as both ends are the same build on the same architecture; a peer of the
+// other byte order fails the magic): magic, version, kind, tensor count, body length, sequence
+// number, then one entry per tensor (dtype, rank, sizes).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry::hosts {
+
+inline constexpr std::size_t kFrameBytes = 4096;
+inline constexpr std::size_t kMaxFrameTensors = 32;
+inline constexpr std::size_t kMaxFrameDims = 12;  // as ipc/wire
+// The body (a task's name and arguments, a result's error text) rides in the frame itself.
+inline constexpr std::size_t kMaxFrameBody = 512;
+
+enum class FrameKind : std::uint8_t {
+  task = 1,       // head to host: run `body` on the tensors; `seq` names the task
+  result = 2,     // host to head: the outputs of task `seq` (or its error in `body`)
+  heartbeat = 3,  // either way, while idle: "still here"
+  bye = 4,        // either way: the sender leaves; nothing follows
+};
+const char* frame_kind_name(FrameKind k) noexcept;
+
+// One payload tensor as it travels: contiguous, `dtype` a ferry wire code (runtime/dtype.hpp).
+struct TensorShape {
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> sizes;
+  bool operator==(const TensorShape& o) const { return dtype == o.dtype && sizes == o.sizes; }
+};
+
+struct Frame {
+  FrameKind kind = FrameKind::heartbeat;
+  std::uint64_t seq = 0;
+  std::string body;
+  std::vector<TensorShape> tensors;
+};
+
+using FrameBytes = std::array<std::uint8_t, kFrameBytes>;
+
+// The frame's bytes. Error(invalid_argument) naming the limit for more than kMaxFrameTensors
+// tensors, a body over kMaxFrameBody bytes, a rank over kMaxFrameDims, or a negative size.
+FrameBytes encode_frame(const Frame& f);
+
+// The frame in `bytes`, checked: magic, version, kind, counts, dtype codes (those this build
+// knows), ranks, sizes (non-negative, and the payload's total bytes at most `max_payload_bytes`
+// without overflow). Error(bad_record) naming the first field that is wrong.
+Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes);
+
+// Bytes of one payload tensor: the product of its sizes times its dtype's element size.
+// Error(bad_record) for an unknown dtype or an overflow.
+std::uint64_t payload_bytes(const TensorShape& t);
+
+}  // namespace ferry::hosts

@@ -1,0 +1,92 @@
+// The frame that leads every message between hosts: what goes in comes out, and a frame that
+// would make the receiver post a wrong-sized receive is refused before anything is posted.
+#include "runtime/hosts/host_frame.hpp"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+
+#include "ipc/error.hpp"
+#include "ipc/wire.hpp"
+
+namespace ferry::hosts {
+namespace {
+
+constexpr std::uint64_t kNoLimit = UINT64_MAX;
+const auto f32 = static_cast<std::uint8_t>(wire::DType::float32);
+const auto i64 = static_cast<std::uint8_t>(wire::DType::int64);
+
+Errc code_of_decode(const FrameBytes& b, std::uint64_t limit = kNoLimit) {
+  try {
+    decode_frame(b, limit);
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return Errc::system;  // "no error", which no check expects
+}
+
+}  // namespace
+
+TEST_CASE("hosts: a frame decodes to what was encoded", "[multihost]") {
+  Frame f;
+  f.kind = FrameKind::task;
+  f.seq = 0x1234'5678'9abcull;
+  f.body = "mlp {\"width\": 64}";
+  f.tensors = {
+      {f32, {64, 64}}, {i64, {}}, {f32, {0, 3}}, {f32, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}};
+  const Frame g = decode_frame(encode_frame(f), kNoLimit);
+  CHECK(g.kind == FrameKind::task);
+  CHECK(g.seq == f.seq);
+  CHECK(g.body == f.body);
+  CHECK(g.tensors == f.tensors);
+  CHECK(payload_bytes(g.tensors[0]) == 64 * 64 * 4);
+  CHECK(payload_bytes(g.tensors[1]) == 8);  // a scalar has one element
+  CHECK(payload_bytes(g.tensors[2]) == 0);
+}
+
+TEST_CASE("hosts: what a frame cannot carry is refused when sending, naming the limit",
+          "[multihost]") {
+  using Catch::Matchers::Contains;
+  Frame many;
+  many.tensors.assign(kMaxFrameTensors + 1, {f32, {1}});
+  CHECK_THROWS_WITH(encode_frame(many), Contains("at most 32 tensors") && Contains("33"));
+  Frame body;
+  body.body.assign(kMaxFrameBody + 1, 'x');
+  CHECK_THROWS_WITH(encode_frame(body), Contains("pass large arguments as tensors"));
+  Frame rank;
+  rank.tensors = {{f32, std::vector<std::int64_t>(kMaxFrameDims + 1, 1)}};
+  CHECK_THROWS_WITH(encode_frame(rank), Contains("13"));
+  Frame negative;
+  negative.tensors = {{f32, {4, -1}}};
+  CHECK_THROWS_WITH(encode_frame(negative), Contains("-1"));
+}
+
+TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[multihost]") {
+  Frame f;
+  f.kind = FrameKind::result;
+  f.tensors = {{f32, {1024}}};
+  const FrameBytes good = encode_frame(f);
+  // The fixed part: magic 0-7, version 8-11, kind 12, tensor count 13, body length 14-15; the
+  // first entry at 24: dtype, rank, then sizes at 32.
+  auto damaged = [&](std::size_t at, std::uint8_t value) {
+    FrameBytes b = good;
+    b[at] = value;
+    return b;
+  };
+  CHECK(code_of_decode(damaged(0, 0)) == Errc::bad_record);      // magic
+  CHECK(code_of_decode(damaged(8, 2)) == Errc::bad_record);      // version
+  CHECK(code_of_decode(damaged(12, 9)) == Errc::bad_record);     // kind
+  CHECK(code_of_decode(damaged(13, 33)) == Errc::bad_record);    // tensor count
+  CHECK(code_of_decode(damaged(15, 0x40)) == Errc::bad_record);  // body length
+  CHECK(code_of_decode(damaged(24, 200)) == Errc::bad_record);   // dtype code
+  CHECK(code_of_decode(damaged(25, 13)) == Errc::bad_record);    // rank
+  CHECK(code_of_decode(damaged(39, 0x80)) == Errc::bad_record);  // a negative size
+  // Sizes whose product overflows, and a payload over the link's limit.
+  Frame huge;
+  huge.tensors = {{f32, {INT64_MAX, 4}}};
+  CHECK(code_of_decode(encode_frame(huge)) == Errc::bad_record);
+  CHECK(code_of_decode(good, 4095) == Errc::bad_record);
+  CHECK_NOTHROW(decode_frame(good, 4096));
+}
+
+}  // namespace ferry::hosts
