@@ -1,0 +1,240 @@
+// Built with USE_C10D_GLOO (ProcessGroupGloo.hpp declares nothing without it) and only where
+// Gloo's headers are found (runtime/CMakeLists.txt).
+#include "runtime/hosts/host_link.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "ipc/log.hpp"
+#include "runtime/dtype.hpp"
+
+namespace ferry::hosts {
+namespace {
+
+constexpr int kTag = 0;
+
+c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
+                                    std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = port;
+  o.isServer = server;
+  o.waitWorkers = false;  // hosts come and go; no count is known
+  o.timeout = timeout;
+  return o;
+}
+
+std::chrono::milliseconds payload_wait(std::chrono::milliseconds base, std::uint64_t bytes,
+                                       double rate) {
+  const double extra_ms = rate > 0 ? static_cast<double>(bytes) / rate * 1000.0 : 0.0;
+  return base + std::chrono::milliseconds(static_cast<std::int64_t>(extra_ms));
+}
+
+}  // namespace
+
+Errc link_failure_code(std::string_view what) noexcept {
+  // Gloo: "Timed out waiting 2000ms for recv operation to complete", "Application timeout caused
+  // pair closure"; c10d: "Socket Timeout", "timed out"...
+  for (const char* word : {"Timed out", "timed out", "Timeout", "timeout"}) {
+    if (what.find(word) != std::string_view::npos) return Errc::timeout;
+  }
+  return Errc::peer_dead;
+}
+
+c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::uint16_t port,
+                                             std::chrono::milliseconds timeout) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(address, store_options(port, true, timeout));
+  } catch (const std::exception& e) {
+    throw Error(Errc::system, "cannot start the job's store on " + address + ":" +
+                                  std::to_string(port) + ": " + e.what() +
+                                  "; pick another port, or 0 for any free one");
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const std::string& address, std::uint16_t port,
+                                              std::chrono::milliseconds timeout) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(address, store_options(port, false, timeout));
+  } catch (const std::exception& e) {
+    throw Error(Errc::timeout, "cannot reach the head's store at " + address + ":" +
+                                   std::to_string(port) + " within " +
+                                   std::to_string(timeout.count()) + " ms: " + e.what() +
+                                   "; check the address, the port and that the head is running");
+  }
+}
+
+std::uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store) {
+  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(store.get());
+  if (tcp == nullptr) throw Error(Errc::invalid_argument, "store_port: not a TCPStore");
+  return tcp->getPort();
+}
+
+struct HostLink::Impl {
+  std::string name;
+  int peer = 0;
+  LinkOptions options;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  std::mutex send_mu, recv_mu;
+  std::atomic<bool> broken{false};
+  std::string why;  // the first failure, under fail_mu
+  std::mutex fail_mu;
+
+  // Breaks the link for good and throws what `e` means.
+  [[noreturn]] void fail(const std::exception& e, const char* doing) {
+    std::string what = e.what();
+    const auto nl = what.find('\n');  // c10::Error appends a backtrace
+    if (nl != std::string::npos) what.resize(nl);
+    std::string first;
+    {
+      std::lock_guard<std::mutex> lock(fail_mu);
+      if (why.empty()) why = std::string(doing) + ": " + what;
+      first = why;
+    }
+    broken.store(true);
+    log().debug("host link {}: broken: {}", name, first);
+    throw Error(link_failure_code(what),
+                "host link " + name + ": " + doing + " failed: " + what + "; the link is given up");
+  }
+
+  void check_usable() {
+    if (!broken.load()) return;
+    std::lock_guard<std::mutex> lock(fail_mu);
+    throw Error(link_failure_code(why), "host link " + name + " is broken (" + why +
+                                            "); a host that failed is not "
+                                            "reused: it joins again under a new link");
+  }
+
+  template <class Op>
+  void wait_for(Op op, std::chrono::milliseconds timeout, const char* doing) {
+    try {
+      op()->wait(timeout);
+    } catch (const std::exception& e) {
+      fail(e, doing);
+    }
+  }
+};
+
+HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                   int rank, LinkOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (rank != 0 && rank != 1) {
+    throw Error(Errc::invalid_argument,
+                "HostLink rank " + std::to_string(rank) + ": 0 is the head, 1 the host");
+  }
+  impl_->name = prefix;
+  impl_->peer = 1 - rank;
+  impl_->options = std::move(options);
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(impl_->options.timeout);
+    opts->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(impl_->options.address));
+    opts->threads = 1;  // sends and receives wait on the caller's thread; one is enough
+    auto scoped = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(scoped, rank, 2, opts);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    const auto nl = what.find('\n');
+    if (nl != std::string::npos) what.resize(nl);
+    throw Error(link_failure_code(what) == Errc::timeout ? Errc::timeout : Errc::system,
+                "host link " + prefix + ": joining as " + (rank == 0 ? "head" : "host") + " on " +
+                    impl_->options.address + " failed: " + what +
+                    "; check that the peer joins within " +
+                    std::to_string(impl_->options.timeout.count()) +
+                    " ms and that this address reaches it");
+  }
+}
+
+HostLink::~HostLink() = default;
+
+bool HostLink::broken() const noexcept {
+  return impl_->broken.load();
+}
+const std::string& HostLink::name() const noexcept {
+  return impl_->name;
+}
+
+void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
+                    const std::vector<at::Tensor>& tensors) {
+  Frame f;
+  f.kind = kind;
+  f.seq = seq;
+  f.body = body;
+  std::vector<at::Tensor> payload;
+  payload.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) {
+      throw Error(Errc::invalid_argument,
+                  "host link " + impl_->name + ": tensor " + std::to_string(i) +
+                      " is not a dense CPU tensor; move it with .cpu() (or .to_dense()) first");
+    }
+    TensorShape shape;
+    shape.dtype = to_wire_dtype(t.scalar_type());
+    shape.sizes.assign(t.sizes().begin(), t.sizes().end());
+    f.tensors.push_back(std::move(shape));
+    payload.push_back(t.contiguous());
+  }
+  const FrameBytes bytes = encode_frame(f);  // before anything is sent: a refusal breaks nothing
+
+  std::lock_guard<std::mutex> lock(impl_->send_mu);
+  impl_->check_usable();
+  std::vector<at::Tensor> frame = {at::from_blob(const_cast<std::uint8_t*>(bytes.data()),
+                                                 {static_cast<std::int64_t>(bytes.size())},
+                                                 at::kByte)};
+  const auto timeout = impl_->options.timeout;
+  impl_->wait_for([&] { return impl_->group->send(frame, impl_->peer, kTag); }, timeout,
+                  "sending a frame");
+  for (at::Tensor& t : payload) {
+    const auto n = static_cast<std::uint64_t>(t.nbytes());
+    if (n == 0) continue;  // nothing to send; the receiver skips it too
+    std::vector<at::Tensor> one = {t};
+    impl_->wait_for([&] { return impl_->group->send(one, impl_->peer, kTag); },
+                    payload_wait(timeout, n, impl_->options.min_bytes_per_s), "sending a payload");
+  }
+}
+
+Message HostLink::recv(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(impl_->recv_mu);
+  impl_->check_usable();
+  FrameBytes bytes{};
+  std::vector<at::Tensor> frame = {
+      at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte)};
+  impl_->wait_for([&] { return impl_->group->recv(frame, impl_->peer, kTag); }, timeout,
+                  "waiting for a frame");
+  Message m;
+  std::vector<at::ScalarType> dtypes;
+  try {
+    m.frame = decode_frame(bytes, impl_->options.max_payload_bytes);
+    for (const TensorShape& shape : m.frame.tensors) dtypes.push_back(from_wire_dtype(shape.dtype));
+  } catch (const Error& e) {
+    impl_->broken.store(true);  // what follows it cannot be told apart from a payload
+    {
+      std::lock_guard<std::mutex> fl(impl_->fail_mu);
+      if (impl_->why.empty()) impl_->why = e.detail();
+    }
+    throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
+  }
+  for (std::size_t i = 0; i < dtypes.size(); ++i) {
+    at::Tensor t = at::empty(m.frame.tensors[i].sizes, at::TensorOptions().dtype(dtypes[i]));
+    const auto n = static_cast<std::uint64_t>(t.nbytes());
+    if (n != 0) {
+      std::vector<at::Tensor> one = {t};
+      impl_->wait_for([&] { return impl_->group->recv(one, impl_->peer, kTag); },
+                      payload_wait(impl_->options.timeout, n, impl_->options.min_bytes_per_s),
+                      "receiving a payload");
+    }
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+}  // namespace ferry::hosts

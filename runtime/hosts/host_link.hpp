@@ -1,0 +1,100 @@
+// HostLink: the messages between the head and one host, over a two-rank Gloo process group of
+// c10d's, and the TCPStore they meet through (docs/multi-host.md, "The link").
+//
+// This file and its .cpp are ferry's one adapter to c10d: what differs between LibTorch 1.13 and
+// 2.x (the Gloo group's base class, TCPStoreOptions' fields, watchKey, the error types) stays
+// inside them. Each pair of hosts has its own group, under its own store prefix, so losing one
+// host breaks only its link; there is never a collective across hosts.
+//
+// The rules a user of a link relies on:
+// - a message is a frame (host_frame.hpp) and the payload tensors it describes, sent and received
+//   in order; the receiver checks the frame before posting the payload's receives, so a bad peer
+//   gets Error(bad_record), never a receive of the wrong size (which would abort this process);
+// - any failure breaks the link for good (Gloo closes the pair after a timeout, and a host that
+//   failed once is treated as lost): the call throws Error(peer_dead) when the peer's connection
+//   closed, Error(timeout) when a wait ran out, and every later call throws at once;
+// - a receive waits at most the timeout it is given, then the link is broken: pass the time after
+//   which the peer counts as lost (an idle peer sends heartbeats), not a polling interval;
+// - a send completes only once the peer has posted the matching receive (Gloo's pairs hand
+//   over unbuffered): each side keeps a thread receiving while another sends, as the head and
+//   the hosts do, or the two sides alternate; two sides that both send first wait for each
+//   other until the timeout;
+// - one thread may send while another receives; concurrent sends (or receives) are serialised.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ipc/error.hpp"
+#include "runtime/hosts/host_frame.hpp"
+
+namespace ferry::hosts {
+
+// The head's store: a TCPStore server listening on `address`:`port` only (port 0: any free one,
+// see store_port). Error(system) naming the address when it cannot listen.
+c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::uint16_t port,
+                                             std::chrono::milliseconds timeout);
+// A host's connection to the head's store; Error(timeout) naming the address when it cannot
+// reach it within `timeout`.
+c10::intrusive_ptr<c10d::Store> connect_store(const std::string& address, std::uint16_t port,
+                                              std::chrono::milliseconds timeout);
+// The port a store from listen_store listens on.
+std::uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store);
+
+struct LinkOptions {
+  // This side's address as the peer reaches it: Gloo listens there for the pair's connection.
+  std::string address = "127.0.0.1";
+  // How long joining waits for the peer, and how long a send waits for the peer to take a frame.
+  std::chrono::milliseconds timeout{30000};
+  // A payload's wait is the timeout plus its size at this rate, so a large tensor on a slow link
+  // is not mistaken for a frozen peer.
+  double min_bytes_per_s = 50e6;
+  // The most payload bytes one incoming message may announce (a bad frame cannot make this side
+  // allocate more).
+  std::uint64_t max_payload_bytes = std::uint64_t{1} << 40;
+};
+
+struct Message {
+  Frame frame;
+  std::vector<at::Tensor> tensors;  // CPU, contiguous, as the frame describes them
+};
+
+class HostLink {
+ public:
+  // Joins the link named `prefix` in `store` as `rank` (0: the head, 1: the host). Blocks until
+  // the peer has joined too, at most options.timeout: Error(timeout) otherwise.
+  HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank,
+           LinkOptions options);
+  ~HostLink();
+  HostLink(const HostLink&) = delete;
+  HostLink& operator=(const HostLink&) = delete;
+
+  // Sends a frame of `kind`, `seq` and `body`, then `tensors` (CPU; sent contiguous). Error as
+  // above; Error(invalid_argument) for what a frame cannot carry, a CUDA tensor, or a sparse one
+  // (the link is not broken by those).
+  void send(FrameKind kind, std::uint64_t seq, const std::string& body,
+            const std::vector<at::Tensor>& tensors);
+  // The next message; waits at most `timeout` for its frame, then breaks the link.
+  Message recv(std::chrono::milliseconds timeout);
+
+  bool broken() const noexcept;
+  const std::string& name() const noexcept;  // the prefix, for messages
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What a failure of the link means, from the text of what Gloo or c10d threw: Errc::timeout when
+// a wait ran out (a frozen peer, a cut network), Errc::peer_dead otherwise (a closed or reset
+// connection: the peer's process is gone).
+Errc link_failure_code(std::string_view what) noexcept;
+
+}  // namespace ferry::hosts

@@ -1,0 +1,265 @@
+// The link between two hosts over c10d's TCPStore and a Gloo pair, between real processes on the
+// loopback: what crosses it, and how a killed, frozen or absent peer is reported.
+#include "runtime/hosts/host_link.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "ipc/error.hpp"
+
+namespace ferry::hosts {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+LinkOptions loopback(std::chrono::milliseconds timeout) {
+  LinkOptions o;
+  o.address = "127.0.0.1";
+  o.timeout = timeout;
+  return o;
+}
+
+// A peer process forked before this process starts any thread (the store's server is one), so
+// the child is a clean copy. It learns the store's port through a pipe, joins the link as the
+// host and runs `body`; its exit code is what body returns (2 for an exception).
+class Peer {
+ public:
+  template <class Body>
+  explicit Peer(Body body) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::close(fds[1]);
+      std::uint16_t port = 0;
+      int code = 3;
+      if (::read(fds[0], &port, sizeof port) == sizeof port) {
+        try {
+          auto store = connect_store("127.0.0.1", port, 10s);
+          HostLink link(store, "link/1", 1, loopback(10s));
+          code = body(link);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "peer: %s\n", e.what());
+          code = 2;
+        }
+      }
+      ::_exit(code);
+    }
+    ::close(fds[0]);
+    port_fd_ = fds[1];
+  }
+  ~Peer() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  void tell_port(std::uint16_t port) {
+    REQUIRE(::write(port_fd_, &port, sizeof port) == sizeof port);
+    ::close(port_fd_);
+  }
+  pid_t pid() const { return pid_; }
+  int wait_exit_code() {
+    int status = 0;
+    REQUIRE(::waitpid(pid_, &status, 0) == pid_);
+    reaped_ = true;
+    REQUIRE(WIFEXITED(status));
+    return WEXITSTATUS(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_fd_ = -1;
+  bool reaped_ = false;
+};
+
+Errc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  FAIL("no ferry::Error");
+  return Errc::system;
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multihost]") {
+  // The host answers each task with its tensors doubled and its body reversed.
+  Peer peer([](HostLink& link) {
+    for (;;) {
+      Message m = link.recv(10s);
+      if (m.frame.kind == FrameKind::bye) return 0;
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& t : m.tensors) out.push_back(t.dtype() == at::kBool ? t : t * 2);
+      std::string body(m.frame.body.rbegin(), m.frame.body.rend());
+      link.send(FrameKind::result, m.frame.seq, body, out);
+    }
+  });
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  HostLink link(store, "link/1", 0, loopback(10s));
+
+  const at::Tensor matrix = at::arange(12, at::kFloat).reshape({3, 4});
+  const std::vector<at::Tensor> inputs = {
+      matrix,
+      matrix.t(),  // not contiguous: sent as a contiguous copy
+      at::scalar_tensor(7, at::kLong),
+      at::empty({0, 5}, at::kDouble),
+      at::arange(3) % 2 == 0,          // bool
+      at::ones({1 << 20}, at::kHalf),  // 2 MiB
+  };
+  // A send completes once the peer has posted its receive, so results are taken on a thread of
+  // their own while tasks go out, as the head does.
+  std::vector<Message> results;
+  std::string receive_error;
+  std::thread receiver([&] {
+    try {
+      for (int i = 0; i < 3; ++i) results.push_back(link.recv(10s));
+    } catch (const std::exception& e) {
+      receive_error = e.what();
+    }
+  });
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) link.send(FrameKind::task, seq, "abc", inputs);
+  receiver.join();
+  REQUIRE(receive_error.empty());
+  REQUIRE(results.size() == 3);
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) {
+    const Message& m = results[seq - 1];
+    CHECK(m.frame.kind == FrameKind::result);
+    CHECK(m.frame.seq == seq);
+    CHECK(m.frame.body == "cba");
+    REQUIRE(m.tensors.size() == inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      INFO("tensor " << i);
+      CHECK(m.tensors[i].dtype() == inputs[i].dtype());
+      CHECK(m.tensors[i].sizes() == inputs[i].sizes());
+      const at::Tensor want = inputs[i].dtype() == at::kBool ? inputs[i] : inputs[i] * 2;
+      CHECK(at::equal(m.tensors[i], want));
+    }
+  }
+  link.send(FrameKind::bye, 0, "", {});
+  CHECK(peer.wait_exit_code() == 0);
+  CHECK_FALSE(link.broken());
+}
+
+TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and breaks nothing",
+          "[multihost]") {
+  Peer peer([](HostLink& link) {
+    Message m = link.recv(10s);
+    return m.frame.kind == FrameKind::bye ? 0 : 1;
+  });
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  HostLink link(store, "link/1", 0, loopback(10s));
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(link.send(FrameKind::task, 1, "", {at::ones({2}).to_sparse()}),
+                    Contains("tensor 0 is not a dense CPU tensor"));
+  CHECK_THROWS_WITH(link.send(FrameKind::task, 1, "", {at::Tensor()}),
+                    Contains("not a dense CPU tensor"));
+  CHECK_THROWS_WITH(link.send(FrameKind::task, 1, std::string(kMaxFrameBody + 1, 'x'), {}),
+                    Contains("pass large arguments as tensors"));
+  CHECK_FALSE(link.broken());
+  link.send(FrameKind::bye, 0, "", {});
+  CHECK(peer.wait_exit_code() == 0);
+}
+
+TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for good", "[multihost]") {
+  Peer peer([](HostLink& link) {
+    link.send(FrameKind::heartbeat, 0, "", {});
+    ::pause();
+    return 0;
+  });
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  {
+    HostLink link(store, "link/1", 0, loopback(10s));
+    CHECK(link.recv(10s).frame.kind == FrameKind::heartbeat);
+    REQUIRE(::kill(peer.pid(), SIGKILL) == 0);
+    const auto t0 = Clock::now();
+    CHECK(code_of([&] { link.recv(30s); }) == Errc::peer_dead);
+    // Noticed from the closed connection, not at the 30 s timeout.
+    CHECK(seconds_since(t0) < 10);
+    CHECK(link.broken());
+    // Every later call fails at once, naming the first failure.
+    using Catch::Matchers::Contains;
+    CHECK_THROWS_WITH(link.send(FrameKind::heartbeat, 0, "", {}),
+                      Contains("link/1 is broken") && Contains("joins again"));
+  }  // the broken link's teardown returns
+}
+
+TEST_CASE("hosts: a frozen peer is noticed at the receive's timeout", "[multihost]") {
+  Peer peer([](HostLink& link) {
+    link.send(FrameKind::heartbeat, 0, "", {});
+    ::pause();
+    return 0;
+  });
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  HostLink link(store, "link/1", 0, loopback(10s));
+  CHECK(link.recv(10s).frame.kind == FrameKind::heartbeat);
+  REQUIRE(::kill(peer.pid(), SIGSTOP) == 0);
+  const auto t0 = Clock::now();
+  CHECK(code_of([&] { link.recv(500ms); }) == Errc::timeout);
+  const double waited = seconds_since(t0);
+  CHECK(waited >= 0.45);
+  CHECK(waited < 10);
+  CHECK(link.broken());
+  ::kill(peer.pid(), SIGKILL);
+}
+
+TEST_CASE("hosts: a peer that never joins fails the join at its timeout, naming the address",
+          "[multihost]") {
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  const auto t0 = Clock::now();
+  try {
+    HostLink link(store, "link/alone", 0, loopback(1s));
+    FAIL("joined with nobody");
+  } catch (const Error& e) {
+    using Catch::Matchers::Contains;
+    CHECK(e.code() == Errc::timeout);
+    CHECK_THAT(e.what(),
+               Contains("link/alone") && Contains("joining as head") && Contains("127.0.0.1"));
+  }
+  CHECK(seconds_since(t0) < 10);
+}
+
+TEST_CASE("hosts: a store that is not there is reported with its address", "[multihost]") {
+  // A port nobody listens on: the store this test made and closed.
+  std::uint16_t port = 0;
+  {
+    auto store = listen_store("127.0.0.1", 0, 10s);
+    port = store_port(store);
+  }
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(
+      connect_store("127.0.0.1", port, 1s),
+      Contains("127.0.0.1:" + std::to_string(port)) && Contains("the head is running"));
+}
+
+TEST_CASE("hosts: how a link failure reads, by what Gloo and c10d say", "[multihost]") {
+  CHECK(link_failure_code("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                          "2000ms for recv operation to complete") == Errc::timeout);
+  CHECK(link_failure_code("Application timeout caused pair closure") == Errc::timeout);
+  CHECK(link_failure_code("Socket Timeout") == Errc::timeout);
+  CHECK(link_failure_code("[../gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+                          "[127.0.0.1]:14260") == Errc::peer_dead);
+  CHECK(link_failure_code("Connection reset by peer") == Errc::peer_dead);
+}
+
+}  // namespace ferry::hosts
