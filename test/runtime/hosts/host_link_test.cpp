@@ -3,8 +3,6 @@
 #include "runtime/hosts/host_link.hpp"
 
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -14,6 +12,7 @@
 #include <thread>
 
 #include "ipc/error.hpp"
+#include "test/runtime/hosts/forked_host.hpp"
 
 namespace ferry::hosts {
 namespace {
@@ -28,60 +27,14 @@ LinkOptions loopback(std::chrono::milliseconds timeout) {
   return o;
 }
 
-// A peer process forked before this process starts any thread (the store's server is one), so
-// the child is a clean copy. It learns the store's port through a pipe, joins the link as the
-// host and runs `body`; its exit code is what body returns (2 for an exception).
-class Peer {
- public:
-  template <class Body>
-  explicit Peer(Body body) {
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      ::close(fds[1]);
-      std::uint16_t port = 0;
-      int code = 3;
-      if (::read(fds[0], &port, sizeof port) == sizeof port) {
-        try {
-          auto store = connect_store("127.0.0.1", port, 10s);
-          HostLink link(store, "link/1", 1, loopback(10s));
-          code = body(link);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "peer: %s\n", e.what());
-          code = 2;
-        }
-      }
-      ::_exit(code);
-    }
-    ::close(fds[0]);
-    port_fd_ = fds[1];
-  }
-  ~Peer() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  void tell_port(std::uint16_t port) {
-    REQUIRE(::write(port_fd_, &port, sizeof port) == sizeof port);
-    ::close(port_fd_);
-  }
-  pid_t pid() const { return pid_; }
-  int wait_exit_code() {
-    int status = 0;
-    REQUIRE(::waitpid(pid_, &status, 0) == pid_);
-    reaped_ = true;
-    REQUIRE(WIFEXITED(status));
-    return WEXITSTATUS(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_fd_ = -1;
-  bool reaped_ = false;
-};
+// The host's side of a test: joins the link as the host and runs `body` on it.
+template <class Body>
+auto as_host(Body body) {
+  return [body](const c10::intrusive_ptr<c10d::Store>& store) {
+    HostLink link(store, "link/1", 1, loopback(10s));
+    return body(link);
+  };
+}
 
 Errc code_of(const std::function<void()>& f) {
   try {
@@ -101,7 +54,7 @@ double seconds_since(Clock::time_point t) {
 
 TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multihost]") {
   // The host answers each task with its tensors doubled and its body reversed.
-  Peer peer([](HostLink& link) {
+  test::ForkedHost peer(as_host([](HostLink& link) {
     for (;;) {
       Message m = link.recv(10s);
       if (m.frame.kind == FrameKind::bye) return 0;
@@ -110,7 +63,7 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
       std::string body(m.frame.body.rbegin(), m.frame.body.rend());
       link.send(FrameKind::result, m.frame.seq, body, out);
     }
-  });
+  }));
   auto store = listen_store("127.0.0.1", 0, 10s);
   peer.tell_port(store_port(store));
   HostLink link(store, "link/1", 0, loopback(10s));
@@ -154,16 +107,16 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
     }
   }
   link.send(FrameKind::bye, 0, "", {});
-  CHECK(peer.wait_exit_code() == 0);
+  CHECK(peer.exit_code() == 0);
   CHECK_FALSE(link.broken());
 }
 
 TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and breaks nothing",
           "[multihost]") {
-  Peer peer([](HostLink& link) {
+  test::ForkedHost peer(as_host([](HostLink& link) {
     Message m = link.recv(10s);
     return m.frame.kind == FrameKind::bye ? 0 : 1;
-  });
+  }));
   auto store = listen_store("127.0.0.1", 0, 10s);
   peer.tell_port(store_port(store));
   HostLink link(store, "link/1", 0, loopback(10s));
@@ -176,15 +129,15 @@ TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and bre
                     Contains("pass large arguments as tensors"));
   CHECK_FALSE(link.broken());
   link.send(FrameKind::bye, 0, "", {});
-  CHECK(peer.wait_exit_code() == 0);
+  CHECK(peer.exit_code() == 0);
 }
 
 TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for good", "[multihost]") {
-  Peer peer([](HostLink& link) {
+  test::ForkedHost peer(as_host([](HostLink& link) {
     link.send(FrameKind::heartbeat, 0, "", {});
     ::pause();
     return 0;
-  });
+  }));
   auto store = listen_store("127.0.0.1", 0, 10s);
   peer.tell_port(store_port(store));
   {
@@ -204,11 +157,11 @@ TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for goo
 }
 
 TEST_CASE("hosts: a frozen peer is noticed at the receive's timeout", "[multihost]") {
-  Peer peer([](HostLink& link) {
+  test::ForkedHost peer(as_host([](HostLink& link) {
     link.send(FrameKind::heartbeat, 0, "", {});
     ::pause();
     return 0;
-  });
+  }));
   auto store = listen_store("127.0.0.1", 0, 10s);
   peer.tell_port(store_port(store));
   HostLink link(store, "link/1", 0, loopback(10s));

@@ -1,0 +1,198 @@
+#include "runtime/hosts/host_join.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <exception>
+#include <thread>
+
+#include "ipc/log.hpp"
+
+namespace ferry::hosts {
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+
+constexpr const char* kJobKey = "ferry/job";
+constexpr const char* kCountKey = "ferry/hosts";
+constexpr const char* kHeadRefused = "head-refused";  // a host's "proof" for a head that failed
+constexpr milliseconds kPoll{20};
+
+std::string key(std::uint64_t n, const char* step) {
+  return "ferry/join/" + std::to_string(n) + "/" + step;
+}
+std::string context(const std::string& job, std::uint64_t n) {
+  return job + "/" + std::to_string(n);
+}
+
+std::string hex(const std::uint8_t* p, std::size_t n) {
+  static const char digits[] = "0123456789abcdef";
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) {
+    s.push_back(digits[p[i] >> 4]);
+    s.push_back(digits[p[i] & 15]);
+  }
+  return s;
+}
+template <std::size_t N>
+bool unhex(const std::string& s, std::array<std::uint8_t, N>& out) {
+  if (s.size() != 2 * N) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < N; ++i) {
+    const int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+void put(c10d::Store& store, const std::string& k, const std::string& v) {
+  store.set(k, std::vector<std::uint8_t>(v.begin(), v.end()));
+}
+
+// The value of `k` once it is set; Error(timeout) naming `waiting_for` otherwise.
+std::string take(c10d::Store& store, const std::string& k, milliseconds timeout,
+                 const std::string& waiting_for) {
+  try {
+    store.wait({k}, timeout);
+    const std::vector<std::uint8_t> v = store.get(k);
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    const auto nl = what.find('\n');
+    if (nl != std::string::npos) what.resize(nl);
+    throw Error(Errc::timeout, "waiting " + std::to_string(timeout.count()) + " ms for " +
+                                   waiting_for + ": " + what);
+  }
+}
+
+}  // namespace
+
+HeadDoor::HeadDoor(c10::intrusive_ptr<c10d::Store> store, Secret secret, LinkOptions link_options)
+    : store_(std::move(store)), secret_(std::move(secret)), link_options_(std::move(link_options)) {
+  const Challenge id = make_challenge();
+  job_ = hex(id.data(), 16);
+  put(*store_, kJobKey, job_);
+  store_->add(kCountKey, 0);  // the counter exists before the first host looks
+}
+
+std::optional<Joined> HeadDoor::admit(milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const milliseconds step = link_options_.timeout;
+  for (;;) {
+    if (static_cast<std::uint64_t>(store_->add(kCountKey, 0)) < next_) {
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(kPoll);
+      continue;
+    }
+    const std::uint64_t n = next_++;
+    const std::string ctx = context(job_, n);
+    HostInfo info;
+    std::string why;
+    try {
+      const json hello = json::parse(
+          take(*store_, key(n, "hello"), step, "host " + std::to_string(n) + "'s hello"));
+      info.name = hello.at("name").get<std::string>();
+      info.address = hello.at("address").get<std::string>();
+      info.devices = hello.at("devices").get<std::vector<std::string>>();
+      Challenge theirs{};
+      if (!unhex(hello.at("challenge").get<std::string>(), theirs)) {
+        throw Error(Errc::handshake, "a malformed challenge");
+      }
+      const Challenge mine = make_challenge();
+      const Proof answer = prove(secret_, Role::head, ctx, theirs, mine);
+      put(*store_, key(n, "head"),
+          json{{"challenge", hex(mine.data(), mine.size())},
+               {"proof", hex(answer.data(), answer.size())}}
+              .dump());
+      const std::string said = take(*store_, key(n, "proof"), step, "its proof");
+      Proof proof{};
+      if (said == kHeadRefused) {
+        why = "it found the head's answer wrong: the head's secret differs from the host's";
+      } else if (!unhex(said, proof) || !verify(secret_, Role::host, ctx, mine, theirs, proof)) {
+        why = "its answer is wrong: it does not hold this job's secret";
+      }
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    const std::string who = "host " + std::to_string(n) + " (" +
+                            (info.name.empty() ? "unnamed" : info.name) + " at " +
+                            (info.address.empty() ? "unknown address" : info.address) + ")";
+    if (!why.empty()) {
+      ++refused_;
+      try {
+        put(*store_, key(n, "verdict"), "refused");
+      } catch (const std::exception&) {
+      }
+      log().warn("refused {}: {}", who, why);
+      continue;
+    }
+    put(*store_, key(n, "verdict"), "admitted");
+    Joined j;
+    j.number = n;
+    j.host = std::move(info);
+    try {
+      j.link =
+          std::make_unique<HostLink>(store_, "ferry/link/" + std::to_string(n), 0, link_options_);
+    } catch (const Error& e) {
+      ++refused_;
+      log().warn("admitted {}, but its link failed: {}", who, e.detail());
+      continue;
+    }
+    log().info("admitted {}", who);
+    return j;
+  }
+}
+
+Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& secret, HostInfo self,
+                 LinkOptions link_options, milliseconds timeout) {
+  const std::string job = take(*store, kJobKey, timeout, "the head's job id");
+  const auto n = static_cast<std::uint64_t>(store->add(kCountKey, 1));
+  const std::string ctx = context(job, n);
+  const Challenge mine = make_challenge();
+  put(*store, key(n, "hello"),
+      json{{"name", self.name},
+           {"address", self.address},
+           {"devices", self.devices},
+           {"challenge", hex(mine.data(), mine.size())}}
+          .dump());
+  const std::string said = take(*store, key(n, "head"), timeout, "the head's answer");
+  Challenge theirs{};
+  Proof head_proof{};
+  bool head_ok = false;
+  try {
+    const json head = json::parse(said);
+    head_ok = unhex(head.at("challenge").get<std::string>(), theirs) &&
+              unhex(head.at("proof").get<std::string>(), head_proof) &&
+              verify(secret, Role::head, ctx, mine, theirs, head_proof);
+  } catch (const std::exception&) {
+    head_ok = false;
+  }
+  if (!head_ok) {
+    put(*store, key(n, "proof"), kHeadRefused);
+    throw Error(Errc::handshake,
+                "the head behind this store does not hold this job's secret (its answer to "
+                "this host's challenge is wrong): nothing was sent to it; check that the head "
+                "and this host use the same secret file");
+  }
+  const Proof answer = prove(secret, Role::host, ctx, theirs, mine);
+  put(*store, key(n, "proof"), hex(answer.data(), answer.size()));
+  const std::string verdict = take(*store, key(n, "verdict"), timeout, "the head's verdict");
+  if (verdict != "admitted") {
+    throw Error(Errc::handshake,
+                "the head refused this host: its secret differs from the head's; give every "
+                "host the head's secret file (or FERRY_SECRET)");
+  }
+  Joined j;
+  j.number = n;
+  j.host = std::move(self);
+  j.link = std::make_unique<HostLink>(store, "ferry/link/" + std::to_string(n), 1,
+                                      std::move(link_options));
+  return j;
+}
+
+}  // namespace ferry::hosts

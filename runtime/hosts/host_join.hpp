@@ -1,0 +1,69 @@
+// How a host joins the head of a job: through the head's store, proving the shared secret both
+// ways before a link is made (docs/multi-host.md, "Joining").
+//
+// The steps, each a small value in the store under ferry/join/<n>/, n being the host's number
+// from a counter the store increments for each joining host:
+//   host  hello    its name, its address and devices, and a fresh challenge
+//   head  head     the head's answer to that challenge, and a challenge of its own
+//   host  proof    the host's answer, sent only if the head's answer was right (a head that does
+//                  not hold the secret gets nothing from the host either)
+//   head  verdict  "admitted" or "refused"
+// Then both make the link ferry/link/<n> (HostLink), the head as rank 0. Each answer is bound to
+// the job (a random id the head puts in the store), the host's number and the role, so nothing
+// recorded from one join serves in another. A host that is refused, or that stops half way, costs
+// the head one timeout and is counted; its number is never reused. Every wait has a timeout.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/hosts/host_auth.hpp"
+#include "runtime/hosts/host_link.hpp"
+
+namespace ferry::hosts {
+
+struct HostInfo {
+  std::string name;                  // for messages and logs (the host's hostname by default)
+  std::string address;               // where the head reaches its end of the link
+  std::vector<std::string> devices;  // its workers' devices, e.g. "cpu", "cuda:0"
+};
+
+struct Joined {
+  std::uint64_t number = 0;  // the host's number in this job, from 1; never reused
+  HostInfo host;
+  std::unique_ptr<HostLink> link;
+};
+
+// The head's side: creates the job's id in `store` and admits hosts one by one.
+class HeadDoor {
+ public:
+  HeadDoor(c10::intrusive_ptr<c10d::Store> store, Secret secret, LinkOptions link_options);
+
+  // The next host that proves the secret, its link made; waits at most `timeout` for one to
+  // start joining (nullopt if none did). A host that fails the proof or stops answering is
+  // refused, logged with its name and address, and the wait goes on for the next.
+  std::optional<Joined> admit(std::chrono::milliseconds timeout);
+
+  std::uint64_t refused() const noexcept { return refused_; }  // hosts turned away so far
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  Secret secret_;
+  LinkOptions link_options_;
+  std::string job_;
+  std::uint64_t next_ = 1;  // the next host number to look at
+  std::uint64_t refused_ = 0;
+};
+
+// The host's side: joins the head behind `store`, proving `secret`, and makes its link.
+// Error(handshake) when the head refuses this host (its secret differs) or the head's own answer
+// is wrong (that head does not hold the secret: nothing more is sent to it); Error(timeout) when
+// a step is not answered within `timeout`.
+Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& secret, HostInfo self,
+                 LinkOptions link_options, std::chrono::milliseconds timeout);
+
+}  // namespace ferry::hosts
