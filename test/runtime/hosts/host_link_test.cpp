@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,24 @@ auto as_host(Body body) {
     HostLink link(store, "link/1", 1, loopback(10s));
     return body(link);
   };
+}
+
+// A host that says it is there, then idles until it is killed or stopped.
+auto heartbeat_then_idle() {
+  return as_host([](HostLink& link) {
+    link.send(FrameKind::heartbeat, 0, "", {});
+    ::pause();
+    return 0;
+  });
+}
+
+// The head's side of the link to `host`, once the host's first heartbeat has come.
+std::unique_ptr<HostLink> heard_from(test::ForkedHost& host,
+                                     const c10::intrusive_ptr<c10d::Store>& store) {
+  host.tell_port(store_port(store));
+  auto link = std::make_unique<HostLink>(store, "link/1", 0, loopback(10s));
+  CHECK(link->recv(10s).frame.kind == FrameKind::heartbeat);
+  return link;
 }
 
 Errc code_of(const std::function<void()>& f) {
@@ -133,16 +152,11 @@ TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and bre
 }
 
 TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for good", "[multihost]") {
-  test::ForkedHost peer(as_host([](HostLink& link) {
-    link.send(FrameKind::heartbeat, 0, "", {});
-    ::pause();
-    return 0;
-  }));
+  test::ForkedHost peer(heartbeat_then_idle());
   auto store = listen_store("127.0.0.1", 0, 10s);
-  peer.tell_port(store_port(store));
   {
-    HostLink link(store, "link/1", 0, loopback(10s));
-    CHECK(link.recv(10s).frame.kind == FrameKind::heartbeat);
+    const auto owner = heard_from(peer, store);
+    HostLink& link = *owner;
     REQUIRE(::kill(peer.pid(), SIGKILL) == 0);
     const auto t0 = Clock::now();
     CHECK(code_of([&] { link.recv(30s); }) == Errc::peer_dead);
@@ -157,15 +171,10 @@ TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for goo
 }
 
 TEST_CASE("hosts: a frozen peer is noticed at the receive's timeout", "[multihost]") {
-  test::ForkedHost peer(as_host([](HostLink& link) {
-    link.send(FrameKind::heartbeat, 0, "", {});
-    ::pause();
-    return 0;
-  }));
+  test::ForkedHost peer(heartbeat_then_idle());
   auto store = listen_store("127.0.0.1", 0, 10s);
-  peer.tell_port(store_port(store));
-  HostLink link(store, "link/1", 0, loopback(10s));
-  CHECK(link.recv(10s).frame.kind == FrameKind::heartbeat);
+  const auto owner = heard_from(peer, store);
+  HostLink& link = *owner;
   REQUIRE(::kill(peer.pid(), SIGSTOP) == 0);
   const auto t0 = Clock::now();
   CHECK(code_of([&] { link.recv(500ms); }) == Errc::timeout);
