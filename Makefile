@@ -65,12 +65,12 @@ tsan:
 
 # Every source (libraries, tools, workers, tests, benchmarks, CUDA) compiled with -fsyntax-only and
 # the build's own warnings against a newer LibTorch's headers, Debian trixie's libtorch-dev 2.6, as
-# C++17 and as C++20. The package is fetched once into $(API_BUILD) (private apt state, nothing
+# C++17 and as C++20; with trixie's Gloo headers too, which that LibTorch's c10d expects. The package is fetched once into $(API_BUILD) (private apt state, nothing
 # installed); later runs work offline and skip sources unchanged since they passed.
 API_BUILD ?= build-api
 API_STDS ?= c++17 c++20
 api-check: deps
-	@tools/fetch-debian-packages.sh $(API_BUILD)/trixie trixie libtorch-dev
+	@tools/fetch-debian-packages.sh $(API_BUILD)/trixie trixie libtorch-dev libgloo-dev
 	@cmake -S . -B $(API_BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_API_CHECK=ON $(CMAKE_ARGS) \
 	  >$(API_BUILD)/configure.log 2>&1 || { cat $(API_BUILD)/configure.log; exit 1; }
 	@python3 tools/api_check.py --build $(API_BUILD) --torch-include $(API_BUILD)/trixie/root/usr/include \
