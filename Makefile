@@ -39,6 +39,8 @@ bench: build
 	if [ -x $(BUILD)/test/bench/ferry-python-bench ]; then \
 	  $(BUILD)/test/bench/ferry-python-bench --json $(BUILD)/python-bench.json && \
 	  $(BUILD)/test/bench/ferry-hogwild-bench --json $(BUILD)/hogwild-bench.json; fi
+	if [ -x $(BUILD)/test/bench/ferry-hosts-bench ]; then \
+	  $(BUILD)/test/bench/ferry-hosts-bench --json $(BUILD)/hosts-bench.json; fi
 	$(PLOT_PYTHON) -B test/bench/plot_bench.py --bench $(BUILD)/bench.json \
 	  --fanin $(BUILD)/fanin-bench.json --pool $(BUILD)/pool-bench.json --out $(PLOTS)
 
