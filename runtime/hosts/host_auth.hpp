@@ -5,10 +5,11 @@
 // work, and the head takes no results, before both have proved the secret. Each side sends a
 // fresh random challenge through the store and answers the other's with
 //   HMAC-SHA256(secret, "ferry-host-v1" | role | context | challenge asked | challenge sent)
-// where role is the prover's and context names the pair's link. A recorded answer is useless for
-// another challenge (fresh on each side), another link (context) or the other direction (role):
-// it cannot be replayed or reflected. Nothing is encrypted: the network must be trusted not to
-// read or alter payloads; the secret only keeps strangers from joining.
+// where role is the prover's and context names the join (the job and the host's number). A
+// recorded answer is useless for another challenge (fresh on each side), another join (context)
+// or the other direction (role): it cannot be replayed or reflected. Nothing is encrypted: the
+// network must be trusted not to read or alter payloads; the secret only keeps strangers from
+// joining.
 #pragma once
 
 #include <array>
