@@ -80,9 +80,12 @@ TEST_CASE("SIGKILL of random workers during a long run ends every task exactly o
   PoolOptions o = cpu_pool(2);
   o.max_retries = 5;
   Pool pool(o);
-  // 10000 tasks; under TSan, whose spawned workers take seconds to restart after each kill, 2000
-  // (10000 ran past ctest's 600 s there).
-  const int tasks = test::kUnderTsan ? 2000 : 10000;
+  // 10000 tasks and a kill every 40 ms. Under TSan a spawned worker takes seconds to start, so
+  // at that pace the workers were dead most of the time and the run passed ctest's 600 s: there,
+  // 1000 tasks, and a kill only once 80 more results have come since the last one.
+  const int tasks = test::kUnderTsan ? 1000 : 10000;
+  const int results_between_kills = test::kUnderTsan ? 80 : 0;
+  std::atomic<int> results_so_far{0};
   std::vector<Tensors> inputs;
   for (int i = 0; i < tasks; ++i) inputs.push_back(delayed(i % 7 == 0 ? 200 : 0, i));
 
@@ -90,17 +93,23 @@ TEST_CASE("SIGKILL of random workers during a long run ends every task exactly o
   std::atomic<int> kills{0};
   std::thread killer([&] {
     std::mt19937 rng(11);
+    int killed_at = 0;
     while (!done) {
       std::this_thread::sleep_for(40ms);
+      if (results_so_far - killed_at < results_between_kills) continue;
       const auto pids = pool.worker_pids();
       const pid_t victim = pids[rng() % pids.size()];
-      if (victim > 0 && ::kill(victim, SIGKILL) == 0) ++kills;
+      if (victim > 0 && ::kill(victim, SIGKILL) == 0) {
+        ++kills;
+        killed_at = results_so_far;
+      }
     }
   });
   std::vector<int> seen(inputs.size(), 0);
   std::size_t results = 0, errors = 0;
   auto stream = pool.imap_unordered("sleep_echo", inputs);
   while (auto r = stream.next()) {
+    ++results_so_far;
     ++seen.at(r->index);
     if (r->error) {
       ++errors;
