@@ -62,11 +62,8 @@ std::string take(c10d::Store& store, const std::string& k, milliseconds timeout,
     const std::vector<std::uint8_t> v = store.get(k);
     return std::string(v.begin(), v.end());
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    const auto nl = what.find('\n');
-    if (nl != std::string::npos) what.resize(nl);
     throw Error(Errc::timeout, "waiting " + std::to_string(timeout.count()) + " ms for " +
-                                   waiting_for + ": " + what);
+                                   waiting_for + ": " + failure_text(e));
   }
 }
 

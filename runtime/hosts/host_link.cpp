@@ -40,6 +40,13 @@ std::chrono::milliseconds payload_wait(std::chrono::milliseconds base, std::uint
 
 }  // namespace
 
+std::string failure_text(const std::exception& e) {
+  std::string what = e.what();
+  const auto nl = what.find('\n');
+  if (nl != std::string::npos) what.resize(nl);
+  return what;
+}
+
 Errc link_failure_code(std::string_view what) noexcept {
   // Gloo: "Timed out waiting 2000ms for recv operation to complete", "Application timeout caused
   // pair closure"; c10d: "Socket Timeout", "timed out"...
@@ -55,7 +62,7 @@ c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::ui
     return c10::make_intrusive<c10d::TCPStore>(address, store_options(port, true, timeout));
   } catch (const std::exception& e) {
     throw Error(Errc::system, "cannot start the job's store on " + address + ":" +
-                                  std::to_string(port) + ": " + e.what() +
+                                  std::to_string(port) + ": " + failure_text(e) +
                                   "; pick another port, or 0 for any free one");
   }
 }
@@ -67,7 +74,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& address, std::u
   } catch (const std::exception& e) {
     throw Error(Errc::timeout, "cannot reach the head's store at " + address + ":" +
                                    std::to_string(port) + " within " +
-                                   std::to_string(timeout.count()) + " ms: " + e.what() +
+                                   std::to_string(timeout.count()) + " ms: " + failure_text(e) +
                                    "; check the address, the port and that the head is running");
   }
 }
@@ -88,19 +95,20 @@ struct HostLink::Impl {
   std::string why;  // the first failure, under fail_mu
   std::mutex fail_mu;
 
-  // Breaks the link for good and throws what `e` means.
-  [[noreturn]] void fail(const std::exception& e, const char* doing) {
-    std::string what = e.what();
-    const auto nl = what.find('\n');  // c10::Error appends a backtrace
-    if (nl != std::string::npos) what.resize(nl);
-    std::string first;
+  // Breaks the link for good, keeping the first reason it broke for later calls to name.
+  void break_for(const std::string& reason) {
     {
       std::lock_guard<std::mutex> lock(fail_mu);
-      if (why.empty()) why = std::string(doing) + ": " + what;
-      first = why;
+      if (why.empty()) why = reason;
     }
     broken.store(true);
-    log().debug("host link {}: broken: {}", name, first);
+    log().debug("host link {}: broken: {}", name, reason);
+  }
+
+  // Breaks the link and throws what `e` means.
+  [[noreturn]] void fail(const std::exception& e, const char* doing) {
+    const std::string what = failure_text(e);
+    break_for(std::string(doing) + ": " + what);
     throw Error(link_failure_code(what),
                 "host link " + name + ": " + doing + " failed: " + what + "; the link is given up");
   }
@@ -141,9 +149,7 @@ HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     auto scoped = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(scoped, rank, 2, opts);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    const auto nl = what.find('\n');
-    if (nl != std::string::npos) what.resize(nl);
+    const std::string what = failure_text(e);
     throw Error(link_failure_code(what) == Errc::timeout ? Errc::timeout : Errc::system,
                 "host link " + prefix + ": joining as " + (rank == 0 ? "head" : "host") + " on " +
                     impl_->options.address + " failed: " + what +
@@ -216,11 +222,7 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     m.frame = decode_frame(bytes, impl_->options.max_payload_bytes);
     for (const TensorShape& shape : m.frame.tensors) dtypes.push_back(from_wire_dtype(shape.dtype));
   } catch (const Error& e) {
-    impl_->broken.store(true);  // what follows it cannot be told apart from a payload
-    {
-      std::lock_guard<std::mutex> fl(impl_->fail_mu);
-      if (impl_->why.empty()) impl_->why = e.detail();
-    }
+    impl_->break_for(e.detail());  // what follows it cannot be told apart from a payload
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
   for (std::size_t i = 0; i < dtypes.size(); ++i) {

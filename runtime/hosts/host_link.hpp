@@ -92,6 +92,9 @@ class HostLink {
   std::unique_ptr<Impl> impl_;
 };
 
+// The first line of what c10d, Gloo or LibTorch threw: a c10::Error appends its backtrace.
+std::string failure_text(const std::exception& e);
+
 // What a failure of the link means, from the text of what Gloo or c10d threw: Errc::timeout when
 // a wait ran out (a frozen peer, a cut network), Errc::peer_dead otherwise (a closed or reset
 // connection: the peer's process is gone).
