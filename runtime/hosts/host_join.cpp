@@ -124,6 +124,7 @@ std::optional<Joined> HeadDoor::admit(milliseconds timeout) {
       try {
         put(*store_, key(n, "verdict"), "refused");
       } catch (const std::exception&) {
+        // Only a courtesy to the host, which times out without it; the refusal stands.
       }
       log().warn("refused {}: {}", who, why);
       continue;
