@@ -8,9 +8,10 @@ namespace ferry::supervisor {
 
 TaskBook::TaskBook(int workers, int per_worker, int max_retries)
     : capacity_(static_cast<std::size_t>(workers) * static_cast<std::size_t>(per_worker)),
-      per_worker_(static_cast<std::size_t>(per_worker)),
       max_retries_(static_cast<std::uint32_t>(max_retries)),
-      workers_(static_cast<std::size_t>(workers)) {}
+      workers_(static_cast<std::size_t>(workers)) {
+  for (Worker& w : workers_) w.limit = static_cast<std::size_t>(per_worker);
+}
 
 TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
   task->id = next_id_++;
@@ -27,6 +28,25 @@ void TaskBook::set_open(int worker, bool open) {
   workers_.at(worker).open = open;
 }
 
+int TaskBook::add_worker(std::size_t limit) {
+  workers_.emplace_back();
+  workers_.back().limit = limit;
+  workers_.back().timed = false;
+  capacity_ += limit;
+  return static_cast<int>(workers_.size()) - 1;
+}
+
+void TaskBook::retire(int worker) {
+  Worker& w = workers_.at(worker);
+  if (!w.handed.empty()) {
+    throw Error(Errc::invalid_argument, "task book: worker " + std::to_string(worker) +
+                                            " retired with tasks still handed to it");
+  }
+  w.open = false;
+  capacity_ -= w.limit;
+  w.limit = 0;
+}
+
 std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
   if (pending_.empty()) return std::nullopt;
   const TaskPtr& task = pending_.front();
@@ -36,7 +56,7 @@ std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
     return std::make_pair(w == task->last_worker, workers_[w].handed.size());
   };
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
-    if (!workers_[w].open || workers_[w].handed.size() >= per_worker_) continue;
+    if (!workers_[w].open || workers_[w].handed.size() >= workers_[w].limit) continue;
     if (best < 0 || rank(w) < rank(best)) best = w;
   }
   if (best < 0) return std::nullopt;
@@ -135,7 +155,7 @@ std::vector<std::pair<int, TaskPtr>> TaskBook::overdue(Clock::time_point now,
   if (limit.count() <= 0) return due;
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
     const Worker& x = workers_[w];
-    if (x.handed.empty() || now - x.head_since < limit) continue;
+    if (!x.timed || x.handed.empty() || now - x.head_since < limit) continue;
     const auto it = open_.find(x.handed.front());
     if (it != open_.end()) due.emplace_back(w, it->second);
   }
@@ -146,7 +166,7 @@ std::optional<Clock::time_point> TaskBook::next_deadline(std::chrono::millisecon
   std::optional<Clock::time_point> next;
   if (limit.count() <= 0) return next;
   for (const Worker& x : workers_) {
-    if (x.handed.empty()) continue;
+    if (!x.timed || x.handed.empty()) continue;
     const auto due = x.head_since + limit;
     if (!next || due < *next) next = due;
   }

@@ -81,6 +81,15 @@ class TaskBook {
   // going). A closed worker keeps its tasks until worker_lost() or complete().
   void set_open(int worker, bool open);
 
+  // A worker that comes later (a host joining a running pool), closed until set_open, with room
+  // for `limit` tasks: the book's capacity grows by that much. It keeps its own time limits, so
+  // overdue() leaves it out. Returns its number.
+  int add_worker(std::size_t limit);
+  // A worker gone for good (a lost host): closed, and its room taken out of the capacity. Its
+  // tasks must have been handed back by worker_lost() first.
+  void retire(int worker);
+  std::size_t workers() const noexcept { return workers_.size(); }
+
   // The next hand-over: the oldest pending task to the least loaded open worker with room,
   // avoiding the worker it was last lost on when another has room. nullopt: nothing to do now.
   std::optional<HandOver> next_hand_over(Clock::time_point now);
@@ -117,6 +126,8 @@ class TaskBook {
  private:
   struct Worker {
     bool open = false;
+    std::size_t limit = 0;         // tasks handed to it at most
+    bool timed = true;             // overdue() looks at it
     std::deque<TaskId> handed;     // in hand-over order: it runs them in that order
     Clock::time_point head_since;  // when handed.front() could start
     WorkerCounts counts;
@@ -124,7 +135,6 @@ class TaskBook {
   TaskPtr end(TaskId id);  // out of the book
 
   std::size_t capacity_;
-  std::size_t per_worker_;
   std::uint32_t max_retries_;
   std::vector<Worker> workers_;
   std::unordered_map<TaskId, TaskPtr> open_;

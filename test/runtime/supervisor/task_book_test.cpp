@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "ipc/error.hpp"
+
 namespace ferry::supervisor {
 namespace {
 
@@ -153,6 +155,47 @@ TEST_CASE("task book: take_all ends every open task in admission order and empti
   CHECK_FALSE(book.next_hand_over(t0));
   CHECK_FALSE(book.complete(0, h->task->id, h->attempt, true, t0));
   CHECK(book.failed() == 4);
+}
+
+TEST_CASE(
+    "task book: a worker added later brings its own room, takes work once open, and "
+    "keeps its own time limits") {
+  TaskBook book(1, 2, 1);
+  book.set_open(0, true);
+  for (std::size_t i = 0; i < 6; ++i) book.admit(task(i), t0);
+  const int host = book.add_worker(4);
+  CHECK(host == 1);
+  CHECK(book.workers() == 2);
+  CHECK(book.capacity() == 6);
+  std::vector<int> to;
+  while (auto h = book.next_hand_over(t0)) to.push_back(h->worker);
+  CHECK(to == std::vector<int>{0, 0});  // closed until it says it is ready
+  book.set_open(host, true);
+  while (auto h = book.next_hand_over(t0)) to.push_back(h->worker);
+  CHECK(to == std::vector<int>{0, 0, 1, 1, 1, 1});
+  CHECK(book.load(host) == 4);
+  // Its tasks are not the local task_timeout's to kill.
+  REQUIRE(book.overdue(t0 + 1h, 100ms).size() == 1);
+  CHECK(book.overdue(t0 + 1h, 100ms).at(0).first == 0);
+}
+
+TEST_CASE("task book: a retired worker's tasks are retried elsewhere and its room is gone") {
+  TaskBook book(1, 1, 2);
+  book.set_open(0, true);
+  const int host = book.add_worker(2);
+  book.set_open(host, true);
+  for (std::size_t i = 0; i < 3; ++i) book.admit(task(i), t0);
+  while (book.next_hand_over(t0)) {
+  }
+  CHECK(book.load(host) == 2);
+  CHECK_THROWS_AS(book.retire(host), Error);  // its tasks must be handed back first
+  CHECK(book.worker_lost(host, "host lost").empty());
+  book.retire(host);
+  CHECK(book.capacity() == 1);
+  CHECK(book.full());         // three open tasks, room for one: no more admitted until they end
+  book.set_open(host, true);  // a retired worker stays out even if opened by mistake
+  auto h = book.next_hand_over(t0);
+  CHECK_FALSE(h);  // worker 0 still holds its task
 }
 
 }  // namespace ferry::supervisor
