@@ -73,7 +73,7 @@ std::string describe(std::exception_ptr e) {
 
 }  // namespace
 
-struct Pool::State {
+struct Pool::State : RemoteEvents {
   PoolOptions opt;
   supervisor::LaunchSpec spec;
   std::vector<std::unique_ptr<WorkerProcess>> workers;  // the monitor thread's alone
@@ -96,7 +96,12 @@ struct Pool::State {
   std::optional<Error> startup_error;  // monitor thread only
   std::mutex close_mu;                 // one close() at a time
 
-  std::size_t capacity() const { return book->capacity(); }
+  std::size_t capacity() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return book->capacity();
+  }
+  // Slots from workers.size() on are remote (PoolOptions::remote), one per host that joined.
+  bool is_remote(int w) const { return w >= static_cast<int>(workers.size()); }
   bool is_stopping() const {
     std::lock_guard<std::mutex> lock(mu);
     return stopping;
@@ -137,7 +142,7 @@ struct Pool::State {
       if (timeout.count() < 0) {
         changed.wait(lock, admissible);
       } else if (!changed.wait_for(lock, timeout, admissible)) {
-        throw Error(Errc::timeout, "the pool stayed full (" + std::to_string(capacity()) +
+        throw Error(Errc::timeout, "the pool stayed full (" + std::to_string(book->capacity()) +
                                        " tasks in flight) for " + std::to_string(timeout.count()) +
                                        " ms");
       }
@@ -155,6 +160,12 @@ struct Pool::State {
       std::unique_lock<std::mutex> lock(mu);
       const std::optional<HandOver> h = book->next_hand_over(Clock::now());
       if (!h) return;
+      if (is_remote(h->worker)) {
+        const std::string device = pub[h->worker].stats.device;
+        lock.unlock();
+        send_remote(*h, device);
+        continue;
+      }
       TensorQueue queue = *pub[h->worker].tasks;  // open workers have one
       const std::string device = workers[h->worker]->device();
       const protocol::TaskEnvelope env{h->task->id, h->attempt, h->task->task_index};
@@ -185,18 +196,32 @@ struct Pool::State {
           continue;
         }
         // The inputs cannot travel (bad tensor, no shared memory left): fail this task only.
-        TaskPtr t;
-        {
-          std::lock_guard<std::mutex> relock(mu);
-          t = book->hand_over_failed(*h);
-          changed.notify_all();
-        }
-        if (t) {
-          end_task(*t, std::make_exception_ptr(
-                           TaskError(e.code(), t->name, t->index, -1, device, -1,
-                                     "its inputs could not be handed to a worker: " + e.detail())));
-        }
+        hand_over_failed(*h, e, device);
       }
+    }
+  }
+
+  void hand_over_failed(const HandOver& h, const Error& e, const std::string& device) {
+    TaskPtr t;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      t = book->hand_over_failed(h);
+      changed.notify_all();
+    }
+    if (t) {
+      end_task(*t, std::make_exception_ptr(
+                       TaskError(e.code(), t->name, t->index, -1, device, -1,
+                                 "its inputs could not be handed to a worker: " + e.detail())));
+    }
+  }
+
+  // A hand-over to a host. A link that fails loses the host (the remote side reports lost(),
+  // which hands the task back); inputs the link cannot carry fail this task only.
+  void send_remote(const HandOver& h, const std::string& device) {
+    try {
+      opt.remote->send(h.worker, h.task->id, h.attempt, h.task->name, h.task->inputs);
+    } catch (const Error& e) {
+      if (e.code() == Errc::invalid_argument) hand_over_failed(h, e, device);
     }
   }
 
@@ -256,6 +281,77 @@ struct Pool::State {
                std::make_exception_ptr(
                    TaskError(Errc::task_failed, t->name, t->index, w, device, pid, text)),
                {}, w);
+    }
+    dispatch();
+  }
+
+  // ---- remote slots (RemoteEvents, called from the remote side's threads) --------------------
+  int joined(const std::string& name, const std::vector<std::string>& devices,
+             std::size_t room) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closing) return -1;
+    const int w = book->add_worker(room);
+    pub.emplace_back();
+    WorkerStats& ws = pub.back().stats;
+    ws.id = w;
+    ws.device = "host " + name + " (" + join_names(devices) + ")";
+    ws.remote = true;
+    ws.start = "join";
+    log().info("pool: {} joined as slot {}, room for {} tasks", ws.device, w, room);
+    return w;
+  }
+
+  void ready(int slot) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closing) return;
+      book->set_open(slot, true);
+      changed.notify_all();  // the capacity grew: submitters may go on
+    }
+    dispatch();
+  }
+
+  void finished(int slot, std::uint64_t task, std::uint32_t attempt, bool ok, Tensors outputs,
+                const std::string& error) override {
+    TaskPtr t;
+    std::string device;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      t = book->complete(slot, task, attempt, ok, Clock::now());
+      device = pub[slot].stats.device;
+      if (t) changed.notify_all();
+    }
+    if (!t) return;  // stale: that attempt had ended
+    if (ok) {
+      end_task(*t, nullptr, std::move(outputs), slot);
+    } else {
+      end_task(*t,
+               std::make_exception_ptr(
+                   TaskError(Errc::task_failed, t->name, t->index, slot, device, -1, error)),
+               {}, slot);
+    }
+    dispatch();
+  }
+
+  void lost(int slot, const std::string& why) override {
+    std::vector<TaskPtr> ended;
+    std::string device;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      device = pub[slot].stats.device;
+      book->set_open(slot, false);
+      ended = book->worker_lost(slot, device + " was lost: " + why);
+      book->retire(slot);
+      pub[slot].stats.last_exit = why;
+      pub[slot].stats.given_up = true;
+      if (!stopping) log().warn("pool: {} was lost ({}); its tasks go to the others", device, why);
+      changed.notify_all();
+    }
+    for (auto& t : ended) {
+      end_task(*t, std::make_exception_ptr(
+                       TaskError(Errc::worker_lost, t->name, t->index, -1, device, -1,
+                                 "lost with its worker on all " + std::to_string(t->attempts) +
+                                     " attempt(s); the last: " + t->lost_because)));
     }
     dispatch();
   }
@@ -546,6 +642,8 @@ struct Pool::State {
       end_task(*t, std::make_exception_ptr(TaskError(Errc::closed, t->name, t->index, t->worker, "",
                                                      -1, "not finished: " + why)));
     }
+    // No remote event comes after this: the hosts are told, their threads joined.
+    if (opt.remote) opt.remote->stop();
     monitor.rouse();
     if (monitor_thread.joinable()) monitor_thread.join();
     std::lock_guard<std::mutex> lock(mu);
@@ -652,6 +750,14 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>()) {
     s.monitor_thread.join();
     throw;
   }
+  if (s.opt.remote) {
+    try {
+      s.opt.remote->start(s);
+    } catch (...) {
+      s.close(Shutdown::Cancel);
+      throw;
+    }
+  }
 }
 
 Pool::~Pool() {
@@ -674,6 +780,11 @@ std::future<Tensors> Pool::submit(const std::string& task, Tensors inputs,
     }
   });
   return f;
+}
+
+void Pool::submit(const std::string& task, Tensors inputs, std::function<void(Result&&)> done,
+                  std::chrono::milliseconds timeout) {
+  s_->submit(task, std::move(inputs), std::nullopt, timeout, std::move(done));
 }
 
 std::vector<Tensors> Pool::map(const std::string& task, const std::vector<Tensors>& inputs) {
@@ -803,7 +914,7 @@ std::size_t Pool::capacity() const noexcept {
 std::vector<pid_t> Pool::worker_pids() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   std::vector<pid_t> pids;
-  for (const auto& x : s_->pub) pids.push_back(x.stats.pid);
+  for (std::size_t w = 0; w < s_->workers.size(); ++w) pids.push_back(s_->pub[w].stats.pid);
   return pids;
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "ipc/channel.hpp"  // kForever
+#include "runtime/remote_workers.hpp"
 #include "runtime/supervisor/restart_policy.hpp"
 #include "runtime/task_error.hpp"
 #include "runtime/tensor_queue.hpp"  // Tensors
@@ -75,11 +76,16 @@ struct PoolOptions {
   // share_module(), share_optimizer()). CPU tensors move into shared memory in place when the
   // pool starts; CUDA tensors travel by IPC handle, so every worker must be a CUDA one.
   NamedTensors shared;
+  // Workers beyond this machine's: hosts that join the job (ferry::hosts::HeadHub,
+  // docs/multi-host.md). Each one is a slot of the pool while it lasts; its loss retries its
+  // tasks like a worker's death. Null: this machine only.
+  std::shared_ptr<RemoteWorkers> remote;
 };
 
 struct WorkerStats {
   int id = 0;
-  std::string device;
+  std::string device;              // a remote slot: "host NAME (its devices)"
+  bool remote = false;             // a host's slot (PoolOptions::remote), not a process here
   pid_t pid = -1;                  // current process, -1 while restarting
   std::string start;               // "fork" or "spawn"
   std::uint64_t tasks_done = 0;    // results delivered
@@ -87,8 +93,8 @@ struct WorkerStats {
   std::uint64_t tasks_lost = 0;    // in flight when it died (retried or failed)
   std::uint64_t restarts = 0;
   std::uint64_t timeouts = 0;  // kills for a task past task_timeout
-  std::string last_exit;       // how its last process ended, or its last failed start
-  bool given_up = false;       // its starts kept failing: the pool goes on without it
+  std::string last_exit;       // how its last process ended, its last failed start, a host's loss
+  bool given_up = false;       // its starts kept failing, or its host was lost: the pool goes on
   // Results sent back by this worker's processes (all of them, across restarts), as each
   // send reported it (TensorQueue::send).
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
@@ -134,6 +140,11 @@ class Pool {
     int worker = -1;
     Tensors get() const;  // the outputs, or rethrows the error
   };
+  // Runs `task` like submit() and calls `done` once, from a pool thread, when it ends (with its
+  // outputs or its error); `done` must not block for long. Not called when this throws.
+  void submit(const std::string& task, Tensors inputs, std::function<void(Result&&)> done,
+              std::chrono::milliseconds timeout = kForever);
+
   class Results {
    public:
     // The next finished task, whichever it is; nullopt once all have been returned. Submits
@@ -158,9 +169,9 @@ class Pool {
   void close(Shutdown how);
 
   std::vector<std::string> tasks() const;  // what the workers can run
-  std::size_t size() const noexcept;       // workers
-  std::size_t capacity() const noexcept;   // tasks in flight at most
-  std::vector<pid_t> worker_pids() const;  // current processes (-1 while restarting)
+  std::size_t size() const noexcept;       // workers on this machine
+  std::size_t capacity() const noexcept;   // tasks in flight at most (grows as hosts join)
+  std::vector<pid_t> worker_pids() const;  // current processes here (-1 while restarting)
   PoolStats stats() const;
 
   Pool(const Pool&) = delete;
