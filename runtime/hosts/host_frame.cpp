@@ -10,7 +10,7 @@ namespace ferry::hosts {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x4b4e494c'59525246ull;  // "FRRYLINK" little-endian
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;                     // 2: 8 KiB, 64 tensors
 
 // The fixed part, then kMaxFrameTensors entries, then the body.
 struct Head {
@@ -54,6 +54,24 @@ const char* frame_kind_name(FrameKind k) noexcept {
       return "bye";
   }
   return "unknown";
+}
+
+std::string result_body(bool ok, const std::string& error) {
+  if (ok) return "ok";
+  std::string body = "error: " + (error.empty() ? std::string("(no message)") : error);
+  if (body.size() > kMaxFrameBody) {
+    const std::string cut = " [...]";
+    body.resize(kMaxFrameBody - cut.size());
+    body += cut;
+  }
+  return body;
+}
+
+ResultBody parse_result_body(const std::string& body) {
+  static const std::string error = "error: ";
+  if (body == "ok") return {true, {}};
+  if (body.compare(0, error.size(), error) == 0) return {false, body.substr(error.size())};
+  bad("a result's body is neither 'ok' nor 'error: ...'");
 }
 
 std::uint64_t payload_bytes(const TensorShape& t) {

@@ -20,9 +20,9 @@
 
 namespace ferry::hosts {
 
-inline constexpr std::size_t kFrameBytes = 4096;
-inline constexpr std::size_t kMaxFrameTensors = 32;
-inline constexpr std::size_t kMaxFrameDims = 12;  // as ipc/wire
+inline constexpr std::size_t kFrameBytes = 8192;
+inline constexpr std::size_t kMaxFrameTensors = 64;  // a task's most (worker_protocol.hpp)
+inline constexpr std::size_t kMaxFrameDims = 12;     // as ipc/wire
 // The body (a task's name and arguments, a result's error text) rides in the frame itself.
 inline constexpr std::size_t kMaxFrameBody = 512;
 
@@ -58,6 +58,15 @@ FrameBytes encode_frame(const Frame& f);
 // knows), ranks, sizes (non-negative, and the payload's total bytes at most `max_payload_bytes`
 // without overflow). Error(bad_record) naming the first field that is wrong.
 Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes);
+
+// A result frame's body: "ok", or "error: " and the task's error, cut to fit kMaxFrameBody.
+std::string result_body(bool ok, const std::string& error);
+struct ResultBody {
+  bool ok = false;
+  std::string error;  // when !ok
+};
+// Error(bad_record) for a body that is neither.
+ResultBody parse_result_body(const std::string& body);
 
 // Bytes of one payload tensor: the product of its sizes times its dtype's element size.
 // Error(bad_record) for an unknown dtype or an overflow.

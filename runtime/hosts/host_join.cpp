@@ -96,6 +96,11 @@ std::optional<Joined> HeadDoor::admit(milliseconds timeout) {
       info.name = hello.at("name").get<std::string>();
       info.address = hello.at("address").get<std::string>();
       info.devices = hello.at("devices").get<std::vector<std::string>>();
+      info.capacity = hello.at("capacity").get<std::size_t>();
+      if (info.capacity < 1 || info.capacity > kMaxHostCapacity) {
+        throw Error(Errc::handshake, "a capacity of " + std::to_string(info.capacity) +
+                                         " tasks, outside 1.." + std::to_string(kMaxHostCapacity));
+      }
       Challenge theirs{};
       if (!unhex(hello.at("challenge").get<std::string>(), theirs)) {
         throw Error(Errc::handshake, "a malformed challenge");
@@ -156,6 +161,7 @@ Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& sec
       json{{"name", self.name},
            {"address", self.address},
            {"devices", self.devices},
+           {"capacity", self.capacity},
            {"challenge", hex(mine.data(), mine.size())}}
           .dump());
   const std::string said = take(*store, key(n, "head"), timeout, "the head's answer");

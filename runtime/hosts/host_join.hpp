@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,10 +27,15 @@
 
 namespace ferry::hosts {
 
+// The most tasks a host may ask to be given at once (a bad hello cannot make the head reserve
+// more room than that).
+inline constexpr std::size_t kMaxHostCapacity = 65536;
+
 struct HostInfo {
   std::string name;                  // for messages and logs (the host's hostname by default)
   std::string address;               // where the head reaches its end of the link
   std::vector<std::string> devices;  // its workers' devices, e.g. "cpu", "cuda:0"
+  std::size_t capacity = 1;          // tasks it takes at once (its pool's capacity)
 };
 
 struct Joined {

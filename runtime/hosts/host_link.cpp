@@ -7,6 +7,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -14,6 +20,7 @@
 #include <mutex>
 #include <string>
 
+#include "ipc/fd.hpp"
 #include "ipc/log.hpp"
 #include "runtime/dtype.hpp"
 
@@ -30,6 +37,22 @@ c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
   o.waitWorkers = false;  // hosts come and go; no count is known
   o.timeout = timeout;
   return o;
+}
+
+// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died raises
+// SIGPIPE, whose default action kills this process, where the link should only break. So the
+// first link turns SIGPIPE's default into "ignore"; a handler the program set is left alone.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      ::sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
 }
 
 std::chrono::milliseconds payload_wait(std::chrono::milliseconds base, std::uint64_t bytes,
@@ -54,6 +77,48 @@ Errc link_failure_code(std::string_view what) noexcept {
     if (what.find(word) != std::string_view::npos) return Errc::timeout;
   }
   return Errc::peer_dead;
+}
+
+Endpoint parse_endpoint(const std::string& text, bool allow_any_port) {
+  const auto colon = text.rfind(':');
+  const std::string form = "'" + text + "' is not ADDRESS:PORT (e.g. 10.0.0.1:29400)";
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    throw Error(Errc::invalid_argument, form);
+  }
+  const std::string digits = text.substr(colon + 1);
+  if (digits.size() > 5 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    throw Error(Errc::invalid_argument, form + ": the port is not a number");
+  }
+  const unsigned long port = std::stoul(digits);
+  if (port > 65535 || (port == 0 && !allow_any_port)) {
+    throw Error(Errc::invalid_argument,
+                form + ": the port is outside " + (allow_any_port ? "0" : "1") + "..65535");
+  }
+  return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+std::string address_towards(const std::string& peer) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(peer.c_str(), "9", &hints, &found); rc != 0) {
+    throw Error(Errc::system,
+                "cannot resolve '" + peer + "': " + ::gai_strerror(rc) + "; pass --address");
+  }
+  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(found, &::freeaddrinfo);
+  // A UDP connect sends nothing; it only picks the route, and with it this side's address.
+  const UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in self{};
+  socklen_t len = sizeof self;
+  if (!fd || ::connect(fd.get(), found->ai_addr, found->ai_addrlen) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&self), &len) != 0) {
+    throw Error(Errc::system,
+                "no route to '" + peer + "': " + std::strerror(errno) + "; pass --address");
+  }
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &self.sin_addr, text, sizeof text);
+  return text;
 }
 
 c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::uint16_t port,
@@ -138,6 +203,7 @@ HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     throw Error(Errc::invalid_argument,
                 "HostLink rank " + std::to_string(rank) + ": 0 is the head, 1 the host");
   }
+  ignore_sigpipe_once();
   impl_->name = prefix;
   impl_->peer = 1 - rank;
   impl_->options = std::move(options);
@@ -226,7 +292,9 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
-    at::Tensor t = at::empty(m.frame.tensors[i].sizes, at::TensorOptions().dtype(dtypes[i]));
+    const auto& sizes = m.frame.tensors[i].sizes;
+    at::Tensor t = impl_->options.allocate ? impl_->options.allocate(sizes, dtypes[i])
+                                           : at::empty(sizes, at::TensorOptions().dtype(dtypes[i]));
     const auto n = static_cast<std::uint64_t>(t.nbytes());
     if (n != 0) {
       std::vector<at::Tensor> one = {t};

@@ -19,7 +19,10 @@
 //   over unbuffered): each side keeps a thread receiving while another sends, as the head and
 //   the hosts do, or the two sides alternate; two sides that both send first wait for each
 //   other until the timeout;
-// - one thread may send while another receives; concurrent sends (or receives) are serialised.
+// - one thread may send while another receives; concurrent sends (or receives) are serialised;
+// - the first link makes this process ignore SIGPIPE (unless the program set a handler): Gloo
+//   writes without MSG_NOSIGNAL, and a write to a peer that just died must break the link, not
+//   kill this process.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -27,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,6 +40,18 @@
 #include "runtime/hosts/host_frame.hpp"
 
 namespace ferry::hosts {
+
+struct Endpoint {
+  std::string address;
+  std::uint16_t port = 0;
+};
+// "ADDRESS:PORT" (an IPv4 address or a name; PORT 0 only where `allow_any_port`): Error(
+// invalid_argument) naming the text and the form expected.
+Endpoint parse_endpoint(const std::string& text, bool allow_any_port);
+
+// This machine's address on the route to `peer` (what the peer reaches it at), found the way a
+// UDP socket would send there; Error(system) naming the peer when there is no route.
+std::string address_towards(const std::string& peer);
 
 // The head's store: a TCPStore server listening on `address`:`port` only (port 0: any free one,
 // see store_port). Error(system) naming the address when it cannot listen.
@@ -59,6 +75,9 @@ struct LinkOptions {
   // The most payload bytes one incoming message may announce (a bad frame cannot make this side
   // allocate more).
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 40;
+  // Where a received payload is put (a host puts tasks' inputs in shared memory, so its workers
+  // get them zero-copy); null: at::empty.
+  std::function<at::Tensor(at::IntArrayRef sizes, at::ScalarType dtype)> allocate;
 };
 
 struct Message {

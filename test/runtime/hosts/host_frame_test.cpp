@@ -49,7 +49,7 @@ TEST_CASE("hosts: what a frame cannot carry is refused when sending, naming the 
   using Catch::Matchers::Contains;
   Frame many;
   many.tensors.assign(kMaxFrameTensors + 1, {f32, {1}});
-  CHECK_THROWS_WITH(encode_frame(many), Contains("at most 32 tensors") && Contains("33"));
+  CHECK_THROWS_WITH(encode_frame(many), Contains("at most 64 tensors") && Contains("65"));
   Frame body;
   body.body.assign(kMaxFrameBody + 1, 'x');
   CHECK_THROWS_WITH(encode_frame(body), Contains("pass large arguments as tensors"));
@@ -74,7 +74,7 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
     return b;
   };
   CHECK(code_of_decode(damaged(0, 0)) == Errc::bad_record);      // magic
-  CHECK(code_of_decode(damaged(8, 2)) == Errc::bad_record);      // version
+  CHECK(code_of_decode(damaged(8, 7)) == Errc::bad_record);      // version
   CHECK(code_of_decode(damaged(12, 9)) == Errc::bad_record);     // kind
   CHECK(code_of_decode(damaged(13, 33)) == Errc::bad_record);    // tensor count
   CHECK(code_of_decode(damaged(15, 0x40)) == Errc::bad_record);  // body length
@@ -87,6 +87,21 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
   CHECK(code_of_decode(encode_frame(huge)) == Errc::bad_record);
   CHECK(code_of_decode(good, 4095) == Errc::bad_record);
   CHECK_NOTHROW(decode_frame(good, 4096));
+}
+
+TEST_CASE("host frame: a result's body says ok or carries the task's error, cut to fit") {
+  using Catch::Matchers::Contains;
+  CHECK(parse_result_body(result_body(true, "")).ok);
+  const ResultBody e = parse_result_body(result_body(false, "boom: bad input"));
+  CHECK_FALSE(e.ok);
+  CHECK(e.error == "boom: bad input");
+  CHECK(parse_result_body(result_body(false, "")).error == "(no message)");
+  const std::string long_text(2000, 'x');
+  const std::string body = result_body(false, long_text);
+  CHECK(body.size() == kMaxFrameBody);
+  CHECK_THAT(parse_result_body(body).error, Catch::EndsWith("[...]"));
+  CHECK_THROWS_AS(parse_result_body("okay"), Error);
+  CHECK_THROWS_WITH(parse_result_body(""), Contains("neither"));
 }
 
 }  // namespace ferry::hosts
