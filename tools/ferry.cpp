@@ -29,6 +29,10 @@
 #include "runtime/ferry.hpp"
 #include "workers/builtin_tasks.hpp"
 #include "workers/task_registry.hpp"
+#if FERRY_HAVE_HOSTS
+#include "runtime/hosts/head_hub.hpp"
+#include "runtime/hosts/host_serve.hpp"
+#endif
 
 namespace {
 
@@ -52,6 +56,12 @@ struct RunArgs {
   int backoff_ms = static_cast<int>(restart.backoff.count());
   int backoff_max_ms = static_cast<int>(restart.backoff_max.count());
   bool json = false;
+  // Several hosts (docs/multi-host.md): the head listens; each host joins.
+  std::string listen, join, secret_file, address, name;
+  int wait_hosts = 0;
+  int join_timeout_ms = 30000;
+  int heartbeat_ms = 500;
+  int lost_after_ms = 5000;
 };
 
 // A problem with what the user gave us, reported as exit code 2.
@@ -233,7 +243,8 @@ double percentile(std::vector<double> v, double p) {
 // the pool: in-flight tasks are cancelled, workers stopped and reaped, and run() returns.
 std::atomic<int> g_signal{0};
 
-int run(const RunArgs& a) {
+// The pool's options from the command line, for `ferry run` and `ferry host` alike.
+ferry::PoolOptions pool_options(const RunArgs& a) {
   ferry::PoolOptions o;
   if (!a.devices.empty()) {
     o.devices = split(a.devices);
@@ -256,6 +267,56 @@ int run(const RunArgs& a) {
   if (!a.model.empty() && ::access(a.model.c_str(), R_OK) != 0) {
     throw BadInput("cannot read --model '" + a.model + "': " + std::strerror(errno));
   }
+  return o;
+}
+
+// SIGINT and SIGTERM go to a thread of their own: blocked here, before any thread starts.
+sigset_t block_stop_signals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGUSR1);  // how the caller releases the signal thread at the end
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+#if FERRY_HAVE_HOSTS
+ferry::hosts::Secret load_secret(const std::string& path) {
+  try {
+    return ferry::hosts::Secret::load(path);
+  } catch (const ferry::Error& e) {
+    throw BadInput(e.detail());
+  }
+}
+
+ferry::hosts::Endpoint endpoint(const std::string& text, const char* option, bool any_port) {
+  try {
+    return ferry::hosts::parse_endpoint(text, any_port);
+  } catch (const ferry::Error& e) {
+    throw BadInput(std::string(option) + ": " + e.detail());
+  }
+}
+
+// The head's side of a job on several hosts: listening from here on, hosts admitted any time.
+std::shared_ptr<ferry::hosts::HeadHub> listen_for_hosts(const RunArgs& a) {
+  ferry::hosts::HubOptions h;
+  const ferry::hosts::Endpoint at = endpoint(a.listen, "--listen", true);
+  h.address = at.address;
+  h.port = at.port;
+  h.secret = load_secret(a.secret_file);
+  h.join_timeout = std::chrono::milliseconds(a.join_timeout_ms);
+  h.heartbeat = std::chrono::milliseconds(a.heartbeat_ms);
+  h.lost_after = std::chrono::milliseconds(a.lost_after_ms);
+  auto hub = std::make_shared<ferry::hosts::HeadHub>(std::move(h));
+  std::fprintf(stderr, "ferry: listening for hosts on %s:%u (ferry host --join %s:%u)\n",
+               at.address.c_str(), hub->port(), at.address.c_str(), hub->port());
+  return hub;
+}
+#endif
+
+int run(const RunArgs& a) {
+  ferry::PoolOptions o = pool_options(a);
 
   std::vector<at::Tensor> given;
   if (!a.input.empty()) given = load_tensors(a.input);
@@ -278,14 +339,19 @@ int run(const RunArgs& a) {
     return {stage ? t.to(*stage) : t};
   };
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGUSR1);  // how run() releases the signal thread at the end
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigset_t stop_signals = block_stop_signals();
 
   check_shared_memory(static_cast<unsigned>(o.devices.size()));
+#if FERRY_HAVE_HOSTS
+  std::shared_ptr<ferry::hosts::HeadHub> hub;
+  if (!a.listen.empty()) hub = listen_for_hosts(a);
+  o.remote = hub;
+#else
+  if (!a.listen.empty()) {
+    throw BadInput(std::string("--listen: this ferry was built for one machine only") +
+                   FERRY_HOSTS_MISSING);
+  }
+#endif
   std::optional<ferry::Pool> pool;
   try {
     pool.emplace(o);
@@ -319,6 +385,17 @@ int run(const RunArgs& a) {
       t.join();
     }
   } release{signals};
+#if FERRY_HAVE_HOSTS
+  if (hub && a.wait_hosts > 0 &&
+      !hub->wait_for_hosts(static_cast<std::size_t>(a.wait_hosts),
+                           std::chrono::milliseconds(a.join_timeout_ms))) {
+    if (g_signal) return 128 + g_signal;
+    std::fprintf(stderr,
+                 "ferry: %zu of the %d hosts asked for (--wait-hosts) joined within %d ms\n",
+                 hub->stats().live, a.wait_hosts, a.join_timeout_ms);
+    return kBroken;
+  }
+#endif
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<ferry::Tensors> results(a.output.empty() ? 0 : count);
   std::vector<double> latencies;
@@ -389,7 +466,7 @@ int run(const RunArgs& a) {
                          {"bytes_zero_copy", w.bytes_zero_copy},
                          {"bytes_copied", w.bytes_copied}});
     }
-    const json doc = {
+    json doc = {
         {"task", a.task},
         {"tasks", done},
         {"failed", errors.size()},
@@ -404,6 +481,12 @@ int run(const RunArgs& a) {
         {"workers", workers},
         {"errors", errors},
         {"broken", broken}};
+#if FERRY_HAVE_HOSTS
+    if (hub) {
+      const ferry::hosts::HubStats h = hub->stats();
+      doc["hosts"] = {{"joined", h.joined}, {"lost", h.lost}, {"refused", h.refused}};
+    }
+#endif
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
     std::printf("ferry run: task '%s' on %zu worker(s), %zu tasks in %.2f s\n", a.task.c_str(),
@@ -412,14 +495,25 @@ int run(const RunArgs& a) {
                 static_cast<unsigned long long>(s.retried));
     std::printf("  latency     p50 %.2f ms, p99 %.2f ms (hand-over to result)\n",
                 percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3);
+#if FERRY_HAVE_HOSTS
+    if (hub) {
+      const ferry::hosts::HubStats h = hub->stats();
+      std::printf("  hosts       %llu joined, %llu lost, %llu refused\n",
+                  static_cast<unsigned long long>(h.joined),
+                  static_cast<unsigned long long>(h.lost),
+                  static_cast<unsigned long long>(h.refused));
+    }
+#endif
     std::printf("  inputs      %s zero-copy, %s copied\n", ferry::format_bytes(in_zc).c_str(),
                 ferry::format_bytes(in_cp).c_str());
     std::printf("  results     %s zero-copy, %s copied\n", ferry::format_bytes(out_zc).c_str(),
                 ferry::format_bytes(out_cp).c_str());
-    std::printf("  %-6s %-8s %-6s %8s %7s %8s %11s %11s\n", "worker", "device", "start", "tasks",
-                "failed", "restarts", "zero-copy", "copied");
+    int width = 8;  // a host's slot names the host and its devices
+    for (const auto& w : s.workers) width = std::max(width, static_cast<int>(w.device.size()));
+    std::printf("  %-6s %-*s %-6s %8s %7s %8s %11s %11s\n", "worker", width, "device", "start",
+                "tasks", "failed", "restarts", "zero-copy", "copied");
     for (const auto& w : s.workers) {
-      std::printf("  %-6d %-8s %-6s %8llu %7llu %8llu %11s %11s\n", w.id, w.device.c_str(),
+      std::printf("  %-6d %-*s %-6s %8llu %7llu %8llu %11s %11s\n", w.id, width, w.device.c_str(),
                   w.start.c_str(), static_cast<unsigned long long>(w.tasks_done),
                   static_cast<unsigned long long>(w.tasks_failed),
                   static_cast<unsigned long long>(w.restarts),
@@ -440,7 +534,127 @@ int run(const RunArgs& a) {
   return errors.empty() ? kOk : kTasksFailed;
 }
 
+#if FERRY_HAVE_HOSTS
+// `ferry host`: this machine's workers take tasks from a head elsewhere until the head's job
+// ends (exit 0), the head is lost (3), or SIGINT/SIGTERM (128+N, after a goodbye to the head).
+int host(const RunArgs& a) {
+  ferry::PoolOptions o = pool_options(a);
+  const ferry::hosts::Endpoint head = endpoint(a.join, "--join", false);
+  const ferry::hosts::Secret secret = load_secret(a.secret_file);
+  sigset_t stop_signals = block_stop_signals();
+  check_shared_memory(static_cast<unsigned>(o.devices.size()));
+  std::optional<ferry::Pool> pool;
+  try {
+    pool.emplace(o);
+  } catch (const ferry::Error& e) {
+    if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
+    throw;
+  }
+  std::atomic<bool> stop{false};
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig == SIGUSR1) return;
+    g_signal = sig;
+    stop = true;
+  });
+  struct Release {
+    std::thread& t;
+    ~Release() {
+      ::pthread_kill(t.native_handle(), SIGUSR1);
+      t.join();
+    }
+  } release{signals};
+
+  ferry::hosts::HostInfo self;
+  char hostname[256] = {};
+  ::gethostname(hostname, sizeof hostname - 1);
+  self.name = a.name.empty() ? hostname : a.name;
+  self.address = a.address.empty() ? ferry::hosts::address_towards(head.address) : a.address;
+  self.devices = o.devices;
+  self.capacity = pool->capacity();
+  ferry::hosts::LinkOptions link;
+  link.address = self.address;
+  link.timeout = std::chrono::milliseconds(a.lost_after_ms);
+  // Inputs land in shared memory, so this host's workers get them without another copy.
+  link.allocate = [](at::IntArrayRef sizes, at::ScalarType dtype) {
+    return ferry::empty_shared(sizes, at::TensorOptions().dtype(dtype));
+  };
+  const auto join_timeout = std::chrono::milliseconds(a.join_timeout_ms);
+  ferry::hosts::Joined joined =
+      ferry::hosts::join_head(ferry::hosts::connect_store(head.address, head.port, join_timeout),
+                              secret, self, link, join_timeout);
+  std::fprintf(stderr,
+               "ferry host: joined the head at %s:%u as host %llu (%s, %zu tasks at once)\n",
+               head.address.c_str(), head.port, static_cast<unsigned long long>(joined.number),
+               self.address.c_str(), self.capacity);
+  ferry::hosts::ServeOptions serve;
+  serve.heartbeat = std::chrono::milliseconds(a.heartbeat_ms);
+  serve.lost_after = std::chrono::milliseconds(a.lost_after_ms);
+  int code = kOk;
+  try {
+    const ferry::hosts::ServeEnd end = ferry::hosts::serve_head(*pool, *joined.link, serve, stop);
+    if (end == ferry::hosts::ServeEnd::stopped) code = 128 + g_signal;
+    std::fprintf(stderr, "ferry host: %s\n",
+                 end == ferry::hosts::ServeEnd::stopped ? "stopped; the head was told"
+                                                        : "the head's job ended");
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "ferry host: lost the head: %s\n", e.what());
+    code = g_signal ? 128 + g_signal : kBroken;
+  }
+  pool->close(ferry::Shutdown::Cancel);  // what is left runs again elsewhere: the head retries it
+  return code;
+}
+#endif
+
 }  // namespace
+
+// The options of this machine's pool, the same for `ferry run` and `ferry host`.
+void add_pool_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--workers", a.workers, "CPU workers (default: one per core)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--devices", a.devices,
+                  "one worker per entry, e.g. cpu,cpu,cuda:0 (overrides --workers)")
+      ->excludes("--workers");
+  cmd->add_option("--start", a.start,
+                  "how workers start: fork (only while CUDA is uninitialised here), spawn (runs "
+                  "the worker executable), auto (fork when safe)")
+      ->check(CLI::IsMember({"auto", "fork", "spawn"}));
+  cmd->add_option("--model", a.model, "TorchScript file for --task torchscript");
+  cmd->add_option("--timeout-ms", a.timeout_ms,
+                  "kill a worker whose task runs longer (0: no limit)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
+      ->check(CLI::Range(0, 100));
+  cmd->add_option("--max-failed-starts", a.restart.max_failed_starts,
+                  "failed starts in a row, any cause, before a worker slot is given up")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-start-crashes", a.restart.max_start_crashes,
+                  "failed starts in a row by the worker's own fault before it is given up")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--restart-backoff-ms", a.backoff_ms,
+                  "wait before retrying a failed start; doubles with each failure in a row")
+      ->check(CLI::Range(0, 3600000));
+  cmd->add_option("--restart-backoff-max-ms", a.backoff_max_ms, "the longest such wait")
+      ->check(CLI::Range(0, 3600000));
+  cmd->add_option("--worker", a.worker,
+                  "worker executable for spawn (default: ferry-worker beside this program)");
+}
+
+// The options of a job on several hosts that the head and its hosts share.
+void add_link_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--secret-file", a.secret_file,
+                  "the job's shared secret: a file of 16 bytes or more that only its owner can "
+                  "read (default: FERRY_SECRET)");
+  cmd->add_option("--join-timeout-ms", a.join_timeout_ms,
+                  "how long joining, and --wait-hosts, may take")
+      ->check(CLI::Range(100, 1 << 30));
+  cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "a quiet link sends a heartbeat this often")
+      ->check(CLI::Range(10, 600000));
+  cmd->add_option("--lost-after-ms", a.lost_after_ms,
+                  "a peer silent this long is lost (at least twice the heartbeat)")
+      ->check(CLI::Range(20, 1 << 30));
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"ferry: run PyTorch work on a pool of worker processes, tensors moved zero-copy"};
@@ -451,17 +665,7 @@ int main(int argc, char** argv) {
       "Start workers, stream batches through a task, and report throughput, latency and how "
       "many bytes moved zero-copy. With no options: the built-in 'mlp' over 200 synthetic "
       "batches on every CPU core (and every GPU LibTorch can use).");
-  run_cmd->add_option("--workers", a.workers, "CPU workers (default: one per core)")
-      ->check(CLI::Range(1, 1024));
-  run_cmd
-      ->add_option("--devices", a.devices,
-                   "one worker per entry, e.g. cpu,cpu,cuda:0 (overrides --workers)")
-      ->excludes("--workers");
-  run_cmd
-      ->add_option("--start", a.start,
-                   "how workers start: fork (only while CUDA is uninitialised here), spawn (runs "
-                   "the worker executable), auto (fork when safe)")
-      ->check(CLI::IsMember({"auto", "fork", "spawn"}));
+  add_pool_options(run_cmd, a);
   // The tasks of this program's own registry: what forked workers run, and what the default
   // ferry-worker has too.
   std::string known;
@@ -469,7 +673,6 @@ int main(int argc, char** argv) {
   run_cmd->add_option(
       "--task", a.task,
       "task to run (here: " + known + "); a custom worker (--worker) may register more");
-  run_cmd->add_option("--model", a.model, "TorchScript file for --task torchscript");
   run_cmd->add_option("--input", a.input,
                       "tensors saved by torch.save([t0, t1, ...]); each is one task's input");
   run_cmd->add_option("--output", a.output,
@@ -480,35 +683,38 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   run_cmd->add_option("--features", a.features, "columns per synthetic batch (mlp: 64)")
       ->check(CLI::Range(1, 1 << 20));
-  run_cmd
-      ->add_option("--timeout-ms", a.timeout_ms,
-                   "kill a worker whose task runs longer (0: no limit)")
-      ->check(CLI::Range(0, 1 << 30));
-  run_cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
-      ->check(CLI::Range(0, 100));
-  run_cmd
-      ->add_option("--max-failed-starts", a.restart.max_failed_starts,
-                   "failed starts in a row, any cause, before a worker slot is given up")
-      ->check(CLI::Range(1, 1000));
-  run_cmd
-      ->add_option("--max-start-crashes", a.restart.max_start_crashes,
-                   "failed starts in a row by the worker's own fault before it is given up")
-      ->check(CLI::Range(1, 1000));
-  run_cmd
-      ->add_option("--restart-backoff-ms", a.backoff_ms,
-                   "wait before retrying a failed start; doubles with each failure in a row")
-      ->check(CLI::Range(0, 3600000));
-  run_cmd->add_option("--restart-backoff-max-ms", a.backoff_max_ms, "the longest such wait")
-      ->check(CLI::Range(0, 3600000));
-  run_cmd->add_option("--worker", a.worker,
-                      "worker executable for spawn (default: ferry-worker beside this program)");
   run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
+  run_cmd->add_option("--listen", a.listen,
+                      "also run tasks on hosts that join at ADDRESS:PORT (PORT 0: any free one; "
+                      "ferry host --join); the store and links listen on that address only");
+  run_cmd
+      ->add_option("--wait-hosts", a.wait_hosts,
+                   "with --listen: wait for this many hosts before the first task")
+      ->check(CLI::Range(0, 4096));
+  add_link_options(run_cmd, a);
   run_cmd->footer(
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
-      "3 the pool could not start or broke (every worker given up), 130/143 stopped by\n"
-      "SIGINT/SIGTERM.\n"
-      "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable; every\n"
-      "variable is in docs/environment.md.");
+      "3 the pool could not start or broke (every worker given up), or --wait-hosts ran out,\n"
+      "130/143 stopped by SIGINT/SIGTERM.\n"
+      "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable,\n"
+      "FERRY_SECRET for the hosts' secret; every variable is in docs/environment.md.");
+
+  CLI::App* host_cmd = app.add_subcommand(
+      "host",
+      "Join the head of a job on another machine (ferry run --listen) and run its tasks on "
+      "this machine's workers until the job ends (docs/multi-host.md).");
+  host_cmd->add_option("--join", a.join, "the head's ADDRESS:PORT")->required();
+  add_pool_options(host_cmd, a);
+  host_cmd->add_option("--address", a.address,
+                       "this host's address as the head reaches it (default: the one on the "
+                       "route to the head)");
+  host_cmd->add_option("--name", a.name,
+                       "this host's name in the head's reports (default: its "
+                       "hostname)");
+  add_link_options(host_cmd, a);
+  host_cmd->footer(
+      "Exit codes: 0 the head's job ended, 2 bad arguments, 3 could not join or lost the head,\n"
+      "130/143 stopped by SIGINT/SIGTERM (the head is told and runs its tasks elsewhere).");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -516,6 +722,14 @@ int main(int argc, char** argv) {
     return code == 0 ? kOk : kBadInput;
   }
   try {
+    if (host_cmd->parsed()) {
+#if FERRY_HAVE_HOSTS
+      return host(a);
+#else
+      throw BadInput(std::string("ferry host: this ferry was built for one machine only") +
+                     FERRY_HOSTS_MISSING);
+#endif
+    }
     return run(a);
   } catch (const BadInput& e) {
     std::fprintf(stderr, "ferry: %s\n", e.what());
