@@ -1,8 +1,10 @@
 // A pool across hosts as a user runs one: the head is a ferry::Pool in this process with a
-// HeadHub; each other host is a real `ferry host` process on a loopback address of its own
-// (127.0.0.2, .3, ...) and, where this process may make mount namespaces, with a private
-// /dev/shm, so nothing can pass between "hosts" through shared memory by accident. Workers are
-// spawned (ferry-test-worker's tasks: sleep_echo and fail_if_negative), here and on the hosts.
+// HeadHub; each other host is a real `ferry host` process in a network namespace of its own,
+// joined to the head's by a veth pair on a bridge, with a private /dev/shm (a mount namespace
+// with a tmpfs), so nothing passes between "hosts" but the network. Where namespaces cannot be
+// made (not root), each host gets a loopback address of its own (127.0.0.2, .3, ...) instead,
+// and the test says so. Workers are spawned (ferry-test-worker's tasks: sleep_echo and
+// fail_if_negative), here and on the hosts.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -60,37 +62,103 @@ struct SecretFile {
 
 const std::string kSecret = "the-job-secret-of-the-hosts-tests";
 
+// Runs a shell command quietly; true when it succeeded.
+bool sh(const std::string& command) {
+  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+}
+
 // Whether hosts can have a /dev/shm of their own (root, mount namespaces allowed).
 bool private_shm_works() {
-  static const bool works = std::system(
-                                "unshare -m --propagation private sh -c "
-                                "'mount -t tmpfs -o size=64m tmpfs /dev/shm' >/dev/null 2>&1") == 0;
+  static const bool works =
+      sh("unshare -m --propagation private sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm'");
   return works;
 }
+
+// The "network" of one test: a bridge in this namespace with the head's address, and a network
+// namespace per host with a veth pair onto the bridge. Names and the subnet come from this
+// process's id, so two test processes do not meet. Falls back to loopback addresses.
+class TestNet {
+ public:
+  TestNet() : tag_(std::to_string(::getpid() % 100000) + "n" + std::to_string(made_nets_++ % 100)) {
+    const int x = static_cast<int>(::getpid() % 250) + 1;
+    subnet_ = "10.117." + std::to_string(x) + ".";
+    bridge_ = "fbr" + tag_;
+    namespaces_ = sh("ip netns add fns" + tag_ + "-probe") &&
+                  sh("ip netns del fns" + tag_ + "-probe") &&
+                  sh("ip link add " + bridge_ + " type bridge") &&
+                  sh("ip addr add " + subnet_ + "1/24 dev " + bridge_) &&
+                  sh("ip link set " + bridge_ + " up");
+    if (!namespaces_) {
+      sh("ip link del " + bridge_);
+      WARN(
+          "no network namespaces here (needs root and iproute2): hosts run on loopback "
+          "addresses of their own instead");
+    }
+  }
+  ~TestNet() {
+    // The veth pairs go at once (a namespace's own devices go when the kernel gets to it).
+    for (const auto& veth : veths_) sh("ip link del " + veth);
+    for (const auto& ns : made_) sh("ip netns del " + ns);
+    if (namespaces_) sh("ip link del " + bridge_);
+  }
+  bool namespaces() const { return namespaces_; }
+  std::string head_address() const { return namespaces_ ? subnet_ + "1" : "127.0.0.1"; }
+  // Host i's address and namespace (empty without namespaces), made on first use.
+  std::pair<std::string, std::string> host(int i) {
+    if (!namespaces_) return {"127.0.0." + std::to_string(1 + i), ""};
+    const std::string ns = "fns" + tag_ + "-" + std::to_string(i);
+    const std::string outside = "fv" + tag_ + "o" + std::to_string(i);
+    const std::string inside = "fv" + tag_ + "i" + std::to_string(i);
+    const std::string address = subnet_ + std::to_string(1 + i);
+    REQUIRE(sh("ip netns add " + ns));
+    made_.push_back(ns);
+    REQUIRE(sh("ip link add " + outside + " type veth peer name " + inside));
+    veths_.push_back(outside);
+    REQUIRE(sh("ip link set " + inside + " netns " + ns));
+    REQUIRE(sh("ip link set " + outside + " master " + bridge_));
+    REQUIRE(sh("ip link set " + outside + " up"));
+    REQUIRE(sh("ip -n " + ns + " addr add " + address + "/24 dev " + inside));
+    REQUIRE(sh("ip -n " + ns + " link set " + inside + " up"));
+    REQUIRE(sh("ip -n " + ns + " link set lo up"));
+    return {address, ns};
+  }
+  // Drops every packet between host i's namespace and the rest (an nftables rule inside it);
+  // false where nft is missing.
+  bool cut(int i) {
+    const std::string ns = "fns" + tag_ + "-" + std::to_string(i);
+    return sh("ip netns exec " + ns +
+              " nft 'add table inet ferrycut; "
+              "add chain inet ferrycut in { type filter hook input priority 0; policy drop; }; "
+              "add chain inet ferrycut out { type filter hook output priority 0; policy drop; }'");
+  }
+
+ private:
+  static inline int made_nets_ = 0;
+  std::string tag_, subnet_, bridge_;
+  bool namespaces_ = false;
+  std::vector<std::string> made_, veths_;
+};
 
 // `ferry host` as its own process: dies with the test; SIGKILL on destruction if still running.
 class HostProcess {
  public:
-  HostProcess(int index, std::uint16_t port, const std::string& secret_file, int workers = 1)
+  HostProcess(TestNet& net, int index, std::uint16_t port, const std::string& secret_file,
+              int workers = 1)
       : name_("h" + std::to_string(index)),
         log_("/tmp/ferry-hosts-test-" + std::to_string(::getpid()) + "-" + name_ + ".log") {
-    const std::string address = "127.0.0." + std::to_string(1 + index);
+    const auto [address, ns] = net.host(index);
     std::vector<std::string> argv;
+    if (!ns.empty()) argv = {"ip", "netns", "exec", ns};
     if (private_shm_works()) {
-      argv = {"unshare",
-              "-m",
-              "--propagation",
-              "private",
-              "sh",
-              "-c",
-              "mount -t tmpfs -o size=256m tmpfs /dev/shm && exec \"$0\" \"$@\""};
+      argv.insert(argv.end(), {"unshare", "-m", "--propagation", "private", "sh", "-c",
+                               "mount -t tmpfs -o size=256m tmpfs /dev/shm && exec \"$0\" \"$@\""});
     } else {
       WARN("hosts share this machine's /dev/shm: no mount namespace here (needs root)");
     }
     for (std::string a : {kFerry,
                           std::string("host"),
                           std::string("--join"),
-                          "127.0.0.1:" + std::to_string(port),
+                          net.head_address() + ":" + std::to_string(port),
                           std::string("--workers"),
                           std::to_string(workers),
                           std::string("--start"),
@@ -166,9 +234,9 @@ class HostProcess {
 struct Head {
   std::shared_ptr<HeadHub> hub;
   std::unique_ptr<Pool> pool;
-  explicit Head(const std::string& secret, int local_workers = 1) {
+  Head(const TestNet& net, const std::string& secret, int local_workers = 1) {
     HubOptions h;
-    h.address = "127.0.0.1";
+    h.address = net.head_address();
     h.secret = Secret::from_bytes(secret, "the test");
     h.heartbeat = kHeartbeat;
     h.lost_after = kLostAfter;
@@ -229,10 +297,11 @@ std::vector<std::uint64_t> remote_done(const Pool& pool) {
 TEST_CASE("hosts: a map over the head and three hosts gives each result once, in input order",
           "[hosts]") {
   const SecretFile secret(kSecret);
-  Head head(kSecret);
+  TestNet net;
+  Head head(net, kSecret);
   std::vector<std::unique_ptr<HostProcess>> hosts;
   for (int i = 1; i <= 3; ++i) {
-    hosts.push_back(std::make_unique<HostProcess>(i, head.port(), secret.path));
+    hosts.push_back(std::make_unique<HostProcess>(net, i, head.port(), secret.path));
   }
   REQUIRE(head.hub->wait_for_hosts(3, 60s));
   std::vector<Tensors> inputs;
@@ -261,8 +330,9 @@ TEST_CASE("hosts: a map over the head and three hosts gives each result once, in
 
 TEST_CASE("hosts: a host SIGKILLed mid-run loses no task; the others finish its work", "[hosts]") {
   const SecretFile secret(kSecret);
-  Head head(kSecret);
-  HostProcess a(1, head.port(), secret.path), b(2, head.port(), secret.path);
+  TestNet net;
+  Head head(net, kSecret);
+  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
   REQUIRE(head.hub->wait_for_hosts(2, 60s));
   std::vector<Tensors> inputs;
   for (std::int64_t i = 0; i < 200; ++i) inputs.push_back(sleep_echo(10000, i));
@@ -289,8 +359,9 @@ TEST_CASE(
     "elsewhere; when it wakes it finds itself dropped and exits",
     "[hosts]") {
   const SecretFile secret(kSecret);
-  Head head(kSecret);
-  HostProcess a(1, head.port(), secret.path), b(2, head.port(), secret.path);
+  TestNet net;
+  Head head(net, kSecret);
+  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
   REQUIRE(head.hub->wait_for_hosts(2, 60s));
   std::vector<Tensors> inputs;
   for (std::int64_t i = 0; i < 150; ++i) inputs.push_back(sleep_echo(10000, i));
@@ -315,10 +386,50 @@ TEST_CASE(
   CHECK_THAT(a.log(), Contains("lost the head"));
 }
 
+TEST_CASE(
+    "hosts: a host whose network is cut (nftables drop) is dropped after lost_after; no "
+    "task is lost",
+    "[hosts]") {
+  const SecretFile secret(kSecret);
+  TestNet net;
+  if (!net.namespaces()) {
+    WARN("SKIP: cutting one host's network needs network namespaces (root, iproute2)");
+    return;
+  }
+  Head head(net, kSecret);
+  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
+  REQUIRE(head.hub->wait_for_hosts(2, 60s));
+  std::vector<Tensors> inputs;
+  for (std::int64_t i = 0; i < 150; ++i) inputs.push_back(sleep_echo(10000, i));
+  bool cut = true;
+  std::chrono::steady_clock::time_point when;
+  std::thread cutter([&] {
+    await([&] { return host_stats(*head.pool, a.name()).tasks_done >= 5; });
+    when = std::chrono::steady_clock::now();
+    cut = net.cut(1);
+  });
+  const std::vector<Tensors> out = head.pool->map("sleep_echo", inputs);
+  cutter.join();
+  if (!cut) {
+    WARN("SKIP: nft could not add a rule (apt-get install nftables)");
+    return;
+  }
+  check_in_order(out);
+  CHECK(std::chrono::steady_clock::now() - when < kLostAfter + 10s);
+  CHECK(head.hub->stats().lost == 1);
+  CHECK(head.pool->stats().failed == 0);
+  CHECK(host_stats(*head.pool, a.name()).given_up);
+  CHECK(host_stats(*head.pool, b.name()).tasks_done > 0);
+  const int code = a.wait_exit(20s);  // cut off, it stops hearing the head
+  INFO(a.log());
+  CHECK(code == 3);
+}
+
 TEST_CASE("hosts: a host with the wrong secret gets nothing and is told so", "[hosts]") {
   const SecretFile good(kSecret), bad("a-different-secret-of-enough-bytes");
-  Head head(kSecret);
-  HostProcess intruder(1, head.port(), bad.path);
+  TestNet net;
+  Head head(net, kSecret);
+  HostProcess intruder(net, 1, head.port(), bad.path);
   CHECK(intruder.wait_exit(30s) == 3);
   // The head's answer to its challenge is already wrong, so the host sends no proof at all.
   CHECK_THAT(intruder.log(), Contains("does not hold this job's secret"));
@@ -330,15 +441,16 @@ TEST_CASE("hosts: a host with the wrong secret gets nothing and is told so", "[h
 
 TEST_CASE("hosts: a host that joins a running job takes work", "[hosts]") {
   const SecretFile secret(kSecret);
-  Head head(kSecret);
-  HostProcess first(1, head.port(), secret.path);
+  TestNet net;
+  Head head(net, kSecret);
+  HostProcess first(net, 1, head.port(), secret.path);
   REQUIRE(head.hub->wait_for_hosts(1, 60s));
   const std::size_t before = head.pool->capacity();
   std::unique_ptr<HostProcess> late;
   // Half way through the stream a second host starts; the second half waits for it to join.
   auto make = [&](std::size_t i) {
     if (i == 200) {
-      late = std::make_unique<HostProcess>(2, head.port(), secret.path);
+      late = std::make_unique<HostProcess>(net, 2, head.port(), secret.path);
       REQUIRE(head.hub->wait_for_hosts(2, 60s));
     }
     return sleep_echo(10000, static_cast<std::int64_t>(i));
@@ -359,8 +471,9 @@ TEST_CASE("hosts: a host that joins a running job takes work", "[hosts]") {
 TEST_CASE("hosts: SIGTERM to a host says goodbye; the head runs its tasks elsewhere at once",
           "[hosts]") {
   const SecretFile secret(kSecret);
-  Head head(kSecret);
-  HostProcess a(1, head.port(), secret.path), b(2, head.port(), secret.path);
+  TestNet net;
+  Head head(net, kSecret);
+  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
   REQUIRE(head.hub->wait_for_hosts(2, 60s));
   std::vector<Tensors> inputs;
   for (std::int64_t i = 0; i < 150; ++i) inputs.push_back(sleep_echo(10000, i));
