@@ -576,6 +576,7 @@ int host(const RunArgs& a) {
   ferry::hosts::LinkOptions link;
   link.address = self.address;
   link.timeout = std::chrono::milliseconds(a.lost_after_ms);
+  link.join_timeout = std::chrono::milliseconds(a.join_timeout_ms);
   // Inputs land in shared memory, so this host's workers get them without another copy.
   link.allocate = [](at::IntArrayRef sizes, at::ScalarType dtype) {
     return ferry::empty_shared(sizes, at::TensorOptions().dtype(dtype));

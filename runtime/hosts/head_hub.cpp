@@ -43,6 +43,7 @@ HeadHub::HeadHub(HubOptions options) : options_(std::move(options)) {
   LinkOptions link;
   link.address = options_.address;
   link.timeout = options_.lost_after;
+  link.join_timeout = options_.join_timeout;
   door_ = std::make_unique<HeadDoor>(store_, *options_.secret, link);
 }
 

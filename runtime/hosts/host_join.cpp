@@ -79,7 +79,7 @@ HeadDoor::HeadDoor(c10::intrusive_ptr<c10d::Store> store, Secret secret, LinkOpt
 
 std::optional<Joined> HeadDoor::admit(milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const milliseconds step = link_options_.timeout;
+  const milliseconds step = link_options_.join_timeout;
   for (;;) {
     if (static_cast<std::uint64_t>(store_->add(kCountKey, 0)) < next_) {
       if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;

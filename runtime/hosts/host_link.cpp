@@ -208,7 +208,7 @@ HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
   impl_->peer = 1 - rank;
   impl_->options = std::move(options);
   try {
-    auto opts = c10d::ProcessGroupGloo::Options::create(impl_->options.timeout);
+    auto opts = c10d::ProcessGroupGloo::Options::create(impl_->options.join_timeout);
     opts->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(impl_->options.address));
     opts->threads = 1;  // sends and receives wait on the caller's thread; one is enough
@@ -220,7 +220,7 @@ HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
                 "host link " + prefix + ": joining as " + (rank == 0 ? "head" : "host") + " on " +
                     impl_->options.address + " failed: " + what +
                     "; check that the peer joins within " +
-                    std::to_string(impl_->options.timeout.count()) +
+                    std::to_string(impl_->options.join_timeout.count()) +
                     " ms and that this address reaches it");
   }
 }

@@ -67,8 +67,10 @@ std::uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store);
 struct LinkOptions {
   // This side's address as the peer reaches it: Gloo listens there for the pair's connection.
   std::string address = "127.0.0.1";
-  // How long joining waits for the peer, and how long a send waits for the peer to take a frame.
+  // How long a send waits for the peer to take a frame (and a payload's receive, below).
   std::chrono::milliseconds timeout{30000};
+  // How long making the link, and each step of a join (host_join.hpp), waits for the peer.
+  std::chrono::milliseconds join_timeout{30000};
   // A payload's wait is the timeout plus its size at this rate, so a large tensor on a slow link
   // is not mistaken for a frozen peer.
   double min_bytes_per_s = 50e6;

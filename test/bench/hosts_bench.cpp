@@ -72,6 +72,7 @@ ferry::hosts::LinkOptions link_options(const Config& cfg) {
   ferry::hosts::LinkOptions o;
   o.address = cfg.address;
   o.timeout = kTimeout;
+  o.join_timeout = kTimeout;
   return o;
 }
 

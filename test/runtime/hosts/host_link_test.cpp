@@ -25,6 +25,7 @@ LinkOptions loopback(std::chrono::milliseconds timeout) {
   LinkOptions o;
   o.address = "127.0.0.1";
   o.timeout = timeout;
+  o.join_timeout = timeout;
   return o;
 }
 
