@@ -40,7 +40,9 @@ bench: build
 	  $(BUILD)/test/bench/ferry-python-bench --json $(BUILD)/python-bench.json && \
 	  $(BUILD)/test/bench/ferry-hogwild-bench --json $(BUILD)/hogwild-bench.json; fi
 	if [ -x $(BUILD)/test/bench/ferry-hosts-bench ]; then \
-	  $(BUILD)/test/bench/ferry-hosts-bench --json $(BUILD)/hosts-bench.json; fi
+	  $(BUILD)/test/bench/ferry-hosts-bench --json $(BUILD)/hosts-bench.json && \
+	  $(PLOT_PYTHON) -B test/bench/hosts_job_bench.py --ferry $(BUILD)/tools/ferry \
+	    --json $(BUILD)/hosts-job-bench.json; fi
 	$(PLOT_PYTHON) -B test/bench/plot_bench.py --bench $(BUILD)/bench.json \
 	  --fanin $(BUILD)/fanin-bench.json --pool $(BUILD)/pool-bench.json --out $(PLOTS)
 

@@ -1,0 +1,225 @@
+#!/usr/bin/python3
+"""A whole job over several hosts, as a user starts one: `ferry run --listen` and `ferry host`.
+
+Measures, on this machine (docs/multi-host.md, "Measured"):
+  job      the built-in mlp inference job (the supervisor's main job) on the head alone, then
+           with 1, 2 and 3 hosts joined: tasks/s, and its ratio to the head alone;
+  lost     how long the head takes to notice a host that is SIGKILLed, and one frozen by
+           SIGSTOP, mid-run (from the signal until the head logs the loss), with every task
+           still ending once.
+Each host is a `ferry host` process in a network namespace of its own on a bridge (veth), with
+a private /dev/shm, where this runs as root; else on a loopback address of its own (said so).
+All hosts share this machine's cores, so the job figures show what the link costs, not what more
+machines would add.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def sh(cmd):
+    return subprocess.run(cmd, shell=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+class Net:
+    """A bridge with the head's address and a namespace per host; loopback addresses without."""
+
+    def __init__(self):
+        tag = str(os.getpid() % 100000)
+        self.tag = tag
+        self.subnet = "10.118.%d." % (os.getpid() % 250 + 1)
+        self.bridge = "fbb" + tag
+        self.made = []
+        self.namespaces = (os.geteuid() == 0 and sh("ip link add %s type bridge" % self.bridge)
+                           and sh("ip addr add %s1/24 dev %s" % (self.subnet, self.bridge))
+                           and sh("ip link set %s up" % self.bridge))
+        self.private_shm = sh("unshare -m --propagation private sh -c "
+                              "'mount -t tmpfs -o size=64m tmpfs /dev/shm'")
+        if not self.namespaces:
+            sh("ip link del " + self.bridge)
+            print("hosts on loopback addresses (no network namespaces here)", file=sys.stderr)
+
+    def head(self):
+        return self.subnet + "1" if self.namespaces else "127.0.0.1"
+
+    def host(self, i):
+        """(address, command prefix) for host i."""
+        prefix = []
+        if self.namespaces:
+            ns, out, inside = "fnb%s-%d" % (self.tag, i), "fb%so%d" % (self.tag, i), \
+                "fb%si%d" % (self.tag, i)
+            address = self.subnet + str(1 + i)
+            if ns not in self.made:
+                for c in ["ip netns add " + ns,
+                          "ip link add %s type veth peer name %s" % (out, inside),
+                          "ip link set %s netns %s" % (inside, ns),
+                          "ip link set %s master %s" % (out, self.bridge),
+                          "ip link set %s up" % out,
+                          "ip -n %s addr add %s/24 dev %s" % (ns, address, inside),
+                          "ip -n %s link set %s up" % (ns, inside),
+                          "ip -n %s link set lo up" % ns]:
+                    if not sh(c):
+                        raise SystemExit("cannot set up host %d: %s" % (i, c))
+                self.made.append(ns)
+            prefix = ["ip", "netns", "exec", ns]
+        else:
+            address = "127.0.0.%d" % (1 + i)
+        if self.private_shm:
+            prefix += ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                       'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$0" "$@"']
+        return address, prefix
+
+    def close(self):
+        for i, ns in enumerate(self.made):
+            sh("ip link del fb%so%d" % (self.tag, i + 1))
+            sh("ip netns del " + ns)
+        if self.namespaces:
+            sh("ip link del " + self.bridge)
+
+
+def free_port(address):
+    s = socket.socket()
+    s.bind((address, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_hosts(args, net, port, secret, n):
+    hosts = []
+    for i in range(1, n + 1):
+        address, prefix = net.host(i)
+        cmd = prefix + [args.ferry, "host", "--join", "%s:%d" % (net.head(), port),
+                        "--workers", str(args.workers), "--secret-file", secret,
+                        "--address", address, "--name", "h%d" % i,
+                        "--heartbeat-ms", str(args.heartbeat_ms),
+                        "--lost-after-ms", str(args.lost_after_ms)]
+        log = open(os.path.join(tempfile.gettempdir(), "ferry-bench-host-%d.log" % i), "w")
+        hosts.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+    return hosts
+
+
+def stop_hosts(hosts):
+    for h in hosts:
+        try:
+            h.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            h.kill()
+            h.wait()
+
+
+def head_cmd(args, net, port, secret, hosts, batches):
+    return [args.ferry, "run", "--workers", str(args.workers), "--task", "mlp",
+            "--batches", str(batches), "--batch-size", str(args.batch_size),
+            "--listen", "%s:%d" % (net.head(), port), "--secret-file", secret,
+            "--wait-hosts", str(hosts), "--heartbeat-ms", str(args.heartbeat_ms),
+            "--lost-after-ms", str(args.lost_after_ms), "--json"]
+
+
+def job(args, net, secret, n):
+    port = free_port(net.head())
+    head = subprocess.Popen(head_cmd(args, net, port, secret, n, args.batches),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    hosts = start_hosts(args, net, port, secret, n)
+    out, err = head.communicate(timeout=600)
+    stop_hosts(hosts)
+    if head.returncode not in (0, 1):
+        raise SystemExit("the head exited %d:\n%s" % (head.returncode, err))
+    doc = json.loads(out)
+    return {"hosts": n, "tasks": doc["tasks"], "failed": doc["failed"],
+            "tasks_per_second": doc["tasks_per_second"],
+            "by_slot": [w["tasks"] for w in doc["workers"]]}
+
+
+def lost(args, net, secret, sig):
+    """Seconds from `sig` to one of two hosts until the head logs it lost; tasks all ended."""
+    port = free_port(net.head())
+    head = subprocess.Popen(head_cmd(args, net, port, secret, 2, args.batches * 20),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    hosts = start_hosts(args, net, port, secret, 2)
+    # Once both have joined and work (--json prints no progress), signal the first host.
+    time.sleep(3)
+    t0 = time.monotonic()
+    hosts[0].send_signal(sig)
+    noticed = None
+    seen = []
+    while time.monotonic() < t0 + 60:
+        line = head.stderr.readline()
+        seen.append(line)
+        if not line:
+            break
+        if re.search(r"host h1 \(slot \d+\) lost", line):
+            noticed = time.monotonic() - t0
+            break
+    out, err = head.communicate(timeout=600)
+    if sig == signal.SIGSTOP:
+        hosts[0].send_signal(signal.SIGCONT)
+    stop_hosts(hosts)
+    if head.returncode not in (0, 1):
+        raise SystemExit("the head exited %d:\n%s%s" % (head.returncode, "".join(seen), err))
+    doc = json.loads(out)
+    return {"signal": signal.Signals(sig).name, "noticed_s": noticed,
+            "tasks": doc["tasks"], "failed": doc["failed"], "retried": doc["retried"],
+            "by_slot": [(w["device"], w["tasks"], w["lost"]) for w in doc["workers"]]}
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ferry", default=os.path.join(here, "..", "..", "build", "tools", "ferry"))
+    p.add_argument("--workers", type=int, default=1, help="workers on the head and on each host")
+    p.add_argument("--batches", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--heartbeat-ms", type=int, default=500)
+    p.add_argument("--lost-after-ms", type=int, default=5000)
+    p.add_argument("--max-hosts", type=int, default=3)
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--quick", action="store_true", help="a smoke run: few batches, 1 host")
+    args = p.parse_args()
+    if args.quick:
+        args.batches, args.max_hosts = 100, 1
+        args.heartbeat_ms, args.lost_after_ms = 100, 1000
+    net = Net()
+    fd, secret = tempfile.mkstemp(prefix="ferry-bench-secret-")
+    os.write(fd, os.urandom(24).hex().encode())
+    os.close(fd)
+    try:
+        result = {"cores": os.cpu_count(), "namespaces": net.namespaces, "job": [], "lost": []}
+        for n in range(0, args.max_hosts + 1):
+            r = job(args, net, secret, n)
+            r["vs_head_alone"] = r["tasks_per_second"] / result["job"][0]["tasks_per_second"] \
+                if result["job"] else 1.0
+            result["job"].append(r)
+            print("job  %d host(s): %8.1f tasks/s (%.2fx the head alone), %d failed, by slot %s"
+                  % (n, r["tasks_per_second"], r["vs_head_alone"], r["failed"], r["by_slot"]))
+        for sig in (signal.SIGKILL, signal.SIGSTOP):
+            r = lost(args, net, secret, sig)
+            result["lost"].append(r)
+            noticed = "not seen" if r["noticed_s"] is None else "%.3f s" % r["noticed_s"]
+            print("lost %-7s: noticed after %s (--lost-after-ms %d), %d tasks, %d failed, "
+                  "%d retried; by slot %s" % (r["signal"], noticed, args.lost_after_ms,
+                                              r["tasks"], r["failed"], r["retried"],
+                                              r["by_slot"]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        bad = any(r["failed"] for r in result["job"] + result["lost"]) or \
+            any(r["noticed_s"] is None for r in result["lost"])
+        return 1 if bad else 0
+    finally:
+        os.unlink(secret)
+        net.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
