@@ -532,6 +532,11 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       return popped;
     }
     if (peer_check.due() && peers_with_role_dead(kProducer)) {
+      // A producer may have pushed its last message and exited after the ring was found empty
+      // above: with every producer gone the ring can only have filled, so look once more.
+      if (h->tail.load(std::memory_order_acquire) != h->head.load(std::memory_order_acquire)) {
+        continue;
+      }
       throw Error(Errc::peer_dead,
                   "pop: the channel is empty and every process that pushed to it has exited");
     }
