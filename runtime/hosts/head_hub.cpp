@@ -91,8 +91,10 @@ void HeadHub::admit_loop() {
     try {
       j = door_->admit(std::chrono::milliseconds(200));
     } catch (const std::exception& e) {
-      // The door's own store is local: this is not a host's fault. Keep admitting.
+      // The door's own store is local: this is not a host's fault. Keep admitting, at a pace
+      // that does not flood the log if it keeps failing.
       log().error("admitting hosts: {}", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
       continue;
     }
     if (!j) continue;
