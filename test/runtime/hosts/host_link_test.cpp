@@ -225,4 +225,25 @@ TEST_CASE("hosts: how a link failure reads, by what Gloo and c10d say", "[multih
   CHECK(link_failure_code("Connection reset by peer") == Errc::peer_dead);
 }
 
+TEST_CASE("hosts: ADDRESS:PORT is read strictly, and a bad one names the form expected",
+          "[multihost]") {
+  using Catch::Matchers::Contains;
+  const Endpoint e = parse_endpoint("10.0.0.1:29400", false);
+  CHECK(e.address == "10.0.0.1");
+  CHECK(e.port == 29400);
+  CHECK(parse_endpoint("head.example:1", false).address == "head.example");
+  CHECK(parse_endpoint("127.0.0.1:0", true).port == 0);  // --listen: any free port
+  for (const char* bad : {"10.0.0.1", ":29400", "10.0.0.1:", "10.0.0.1:http", "10.0.0.1:65536",
+                          "10.0.0.1:123456", "10.0.0.1:-1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_endpoint(bad, true), Contains("is not ADDRESS:PORT"));
+  }
+  CHECK_THROWS_WITH(parse_endpoint("10.0.0.1:0", false), Contains("outside 1..65535"));
+}
+
+TEST_CASE("hosts: a host's own address is the one on its route to the head", "[multihost]") {
+  CHECK(address_towards("127.0.0.1") == "127.0.0.1");
+  CHECK_THROWS_AS(address_towards("no-such-host.invalid"), Error);
+}
+
 }  // namespace ferry::hosts
