@@ -102,8 +102,11 @@ def start_hosts(args, net, port, secret, n):
                         "--address", address, "--name", "h%d" % i,
                         "--heartbeat-ms", str(args.heartbeat_ms),
                         "--lost-after-ms", str(args.lost_after_ms)]
-        log = open(os.path.join(tempfile.gettempdir(), "ferry-bench-host-%d.log" % i), "w")
-        hosts.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        path = os.path.join(tempfile.gettempdir(), "ferry-bench-%d-host-%d-of-%d.log"
+                            % (os.getpid(), i, n))
+        with open(path, "w") as log:
+            hosts.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        hosts[-1].log = path
     return hosts
 
 
@@ -114,6 +117,21 @@ def stop_hosts(hosts):
         except subprocess.TimeoutExpired:
             h.kill()
             h.wait()
+        os.unlink(h.log)
+
+
+def await_joined(hosts, limit=60):
+    """Waits until every host says it joined (a slow start must not meet the signal first)."""
+    deadline = time.monotonic() + limit
+    for h in hosts:
+        while True:
+            with open(h.log) as f:
+                if "ferry host: joined" in f.read():
+                    break
+            if h.poll() is not None or time.monotonic() > deadline:
+                with open(h.log) as f:
+                    raise SystemExit("a host did not join (exit %s):\n%s" % (h.poll(), f.read()))
+            time.sleep(0.05)
 
 
 def head_cmd(args, net, port, secret, hosts, batches):
@@ -147,8 +165,9 @@ def lost(args, net, secret, sig):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)
     hosts = start_hosts(args, net, port, secret, 2)
-    # Once both have joined and work (--json prints no progress), signal the first host.
-    time.sleep(3)
+    # Once both have joined and work a while (--json prints no progress), signal the first.
+    await_joined(hosts)
+    time.sleep(2)
     t0 = time.monotonic()
     hosts[0].send_signal(sig)
     noticed = None
