@@ -577,10 +577,8 @@ int host(const RunArgs& a) {
   link.address = self.address;
   link.timeout = std::chrono::milliseconds(a.lost_after_ms);
   link.join_timeout = std::chrono::milliseconds(a.join_timeout_ms);
-  // Inputs land in shared memory, so this host's workers get them without another copy.
-  link.allocate = [](at::IntArrayRef sizes, at::ScalarType dtype) {
-    return ferry::empty_shared(sizes, at::TensorOptions().dtype(dtype));
-  };
+  // Inputs land in shared memory (the link's receive_buffer), so this host's workers get them
+  // without another copy.
   const auto join_timeout = std::chrono::milliseconds(a.join_timeout_ms);
   ferry::hosts::Joined joined =
       ferry::hosts::join_head(ferry::hosts::connect_store(head.address, head.port, join_timeout),

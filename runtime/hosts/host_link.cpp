@@ -23,6 +23,7 @@
 #include "ipc/fd.hpp"
 #include "ipc/log.hpp"
 #include "runtime/dtype.hpp"
+#include "runtime/shared_tensor.hpp"
 
 namespace ferry::hosts {
 namespace {
@@ -62,6 +63,18 @@ std::chrono::milliseconds payload_wait(std::chrono::milliseconds base, std::uint
 }
 
 }  // namespace
+
+at::Tensor receive_buffer(at::IntArrayRef sizes, at::ScalarType dtype) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  try {
+    return empty_shared(sizes, options);
+  } catch (const Error& e) {
+    if (e.code() != Errc::shm_exhausted) throw;
+    log().debug("host link: no room in shared memory for a payload ({}); ordinary memory",
+                e.detail());
+    return at::empty(sizes, options);
+  }
+}
 
 std::string failure_text(const std::exception& e) {
   std::string what = e.what();
@@ -294,7 +307,7 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
     const auto& sizes = m.frame.tensors[i].sizes;
     at::Tensor t = impl_->options.allocate ? impl_->options.allocate(sizes, dtypes[i])
-                                           : at::empty(sizes, at::TensorOptions().dtype(dtypes[i]));
+                                           : receive_buffer(sizes, dtypes[i]);
     const auto n = static_cast<std::uint64_t>(t.nbytes());
     if (n != 0) {
       std::vector<at::Tensor> one = {t};

@@ -77,8 +77,7 @@ struct LinkOptions {
   // The most payload bytes one incoming message may announce (a bad frame cannot make this side
   // allocate more).
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 40;
-  // Where a received payload is put (a host puts tasks' inputs in shared memory, so its workers
-  // get them zero-copy); null: at::empty.
+  // Where a received payload is put; null: receive_buffer().
   std::function<at::Tensor(at::IntArrayRef sizes, at::ScalarType dtype)> allocate;
 };
 
@@ -112,6 +111,13 @@ class HostLink {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Where a link receives a payload by default: ferry's shared-memory arena (empty_shared), whose
+// blocks come back for reuse when dropped, already mapped: a fresh 64 MiB allocation per receive
+// made the link 10x slower than plain Gloo (its pages faulted in under the socket reads), and
+// what arrives there reaches this host's workers without a copy. Where /dev/shm has no room,
+// ordinary memory.
+at::Tensor receive_buffer(at::IntArrayRef sizes, at::ScalarType dtype);
 
 // The first line of what c10d, Gloo or LibTorch threw: a c10::Error appends its backtrace.
 std::string failure_text(const std::exception& e);

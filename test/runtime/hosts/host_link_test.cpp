@@ -2,7 +2,9 @@
 // loopback: what crosses it, and how a killed, frozen or absent peer is reported.
 #include "runtime/hosts/host_link.hpp"
 
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -13,6 +15,7 @@
 #include <thread>
 
 #include "ipc/error.hpp"
+#include "runtime/shared_tensor.hpp"
 #include "test/runtime/hosts/forked_host.hpp"
 
 namespace ferry::hosts {
@@ -124,11 +127,49 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
       CHECK(m.tensors[i].sizes() == inputs[i].sizes());
       const at::Tensor want = inputs[i].dtype() == at::kBool ? inputs[i] : inputs[i] * 2;
       CHECK(at::equal(m.tensors[i], want));
+      // Received into the shared-memory arena: recycled memory, and no copy to a local worker.
+      if (m.tensors[i].nbytes() > 0) CHECK(is_shared(m.tensors[i]));
     }
   }
   link.send(FrameKind::bye, 0, "", {});
   CHECK(peer.exit_code() == 0);
   CHECK_FALSE(link.broken());
+}
+
+TEST_CASE("hosts: where shared memory has no room, a payload is received into ordinary memory",
+          "[multihost]") {
+  // The receiving host gets a 1 MiB /dev/shm of its own (a mount namespace: root only).
+  test::ForkedHost peer([](const c10::intrusive_ptr<c10d::Store>& store) {
+    char dir[] = "/tmp/ferry-small-shm-XXXXXX";
+    if (::mkdtemp(dir) == nullptr || ::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", dir, "tmpfs", 0, "size=1m") != 0) {
+      return 77;
+    }
+    ::setenv("FERRY_SHM_DIR", dir, 1);
+    HostLink link(store, "link/1", 1, loopback(10s));
+    const Message m = link.recv(10s);
+    const bool right = m.tensors.size() == 1 && !is_shared(m.tensors[0]) &&
+                       at::equal(m.tensors[0], at::arange(1 << 20, at::kFloat));
+    link.send(FrameKind::result, m.frame.seq, right ? "ok" : "wrong", {});
+    return right ? 0 : 1;
+  });
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  std::unique_ptr<HostLink> link;
+  try {
+    link = std::make_unique<HostLink>(store, "link/1", 0, loopback(3s));
+  } catch (const Error&) {
+    // The peer could not make its small /dev/shm and never joined.
+  }
+  if (!link) {
+    REQUIRE(peer.exit_code() == 77);
+    WARN("SKIP: a private small /dev/shm needs root (a mount namespace)");
+    return;
+  }
+  link->send(FrameKind::task, 1, "", {at::arange(1 << 20, at::kFloat)});  // 4 MiB
+  CHECK(link->recv(10s).frame.body == "ok");
+  CHECK(peer.exit_code() == 0);
 }
 
 TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and breaks nothing",
