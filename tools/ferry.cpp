@@ -281,6 +281,29 @@ sigset_t block_stop_signals() {
   return stop_signals;
 }
 
+// Waits for SIGINT or SIGTERM on a thread of its own, records it in g_signal and calls
+// `on_signal`; released (SIGUSR1) and joined when it goes out of scope, however the caller ends.
+class SignalThread {
+ public:
+  SignalThread(const sigset_t& signals, std::function<void()> on_signal)
+      : thread_([signals, on_signal = std::move(on_signal)] {
+          int sig = 0;
+          sigwait(&signals, &sig);
+          if (sig == SIGUSR1) return;  // the caller finished: nothing to stop
+          g_signal = sig;
+          on_signal();
+        }) {}
+  ~SignalThread() {
+    ::pthread_kill(thread_.native_handle(), SIGUSR1);
+    thread_.join();
+  }
+  SignalThread(const SignalThread&) = delete;
+  SignalThread& operator=(const SignalThread&) = delete;
+
+ private:
+  std::thread thread_;
+};
+
 #if FERRY_HAVE_HOSTS
 ferry::hosts::Secret load_secret(const std::string& path) {
   try {
@@ -366,25 +389,13 @@ int run(const RunArgs& a) {
     throw BadInput("--task '" + a.task + "' is not a task of the workers (they have: " + list +
                    "); register it with FERRY_TASK in a worker and pass --worker");
   }
-  std::thread signals([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    if (sig == SIGUSR1) return;  // run() finished: nothing to stop
-    g_signal = sig;
+  const SignalThread signals(stop_signals, [&] {
     try {
       pool->close(ferry::Shutdown::Cancel);
     } catch (const std::exception& e) {
       ferry::log().error("closing the pool on a signal: {}", e.what());
     }
   });
-  // The signal thread is released and joined however this function ends.
-  struct Release {
-    std::thread& t;
-    ~Release() {
-      ::pthread_kill(t.native_handle(), SIGUSR1);
-      t.join();
-    }
-  } release{signals};
 #if FERRY_HAVE_HOSTS
   if (hub && a.wait_hosts > 0 &&
       !hub->wait_for_hosts(static_cast<std::size_t>(a.wait_hosts),
@@ -551,20 +562,7 @@ int host(const RunArgs& a) {
     throw;
   }
   std::atomic<bool> stop{false};
-  std::thread signals([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    if (sig == SIGUSR1) return;
-    g_signal = sig;
-    stop = true;
-  });
-  struct Release {
-    std::thread& t;
-    ~Release() {
-      ::pthread_kill(t.native_handle(), SIGUSR1);
-      t.join();
-    }
-  } release{signals};
+  const SignalThread signals(stop_signals, [&] { stop = true; });
 
   ferry::hosts::HostInfo self;
   char hostname[256] = {};
