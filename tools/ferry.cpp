@@ -270,6 +270,16 @@ ferry::PoolOptions pool_options(const RunArgs& a) {
   return o;
 }
 
+// Starts this machine's pool into `pool`; options the pool refuses are the user's (exit 2).
+void start_pool(std::optional<ferry::Pool>& pool, const ferry::PoolOptions& o) {
+  try {
+    pool.emplace(o);
+  } catch (const ferry::Error& e) {
+    if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
+    throw;
+  }
+}
+
 // SIGINT and SIGTERM go to a thread of their own: blocked here, before any thread starts.
 sigset_t block_stop_signals() {
   sigset_t stop_signals;
@@ -376,12 +386,7 @@ int run(const RunArgs& a) {
   }
 #endif
   std::optional<ferry::Pool> pool;
-  try {
-    pool.emplace(o);
-  } catch (const ferry::Error& e) {
-    if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
-    throw;
-  }
+  start_pool(pool, o);
   const std::vector<std::string> tasks = pool->tasks();
   if (std::find(tasks.begin(), tasks.end(), a.task) == tasks.end()) {
     std::string list;
@@ -555,12 +560,7 @@ int host(const RunArgs& a) {
   sigset_t stop_signals = block_stop_signals();
   check_shared_memory(static_cast<unsigned>(o.devices.size()));
   std::optional<ferry::Pool> pool;
-  try {
-    pool.emplace(o);
-  } catch (const ferry::Error& e) {
-    if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
-    throw;
-  }
+  start_pool(pool, o);
   std::atomic<bool> stop{false};
   const SignalThread signals(stop_signals, [&] { stop = true; });
 

@@ -293,6 +293,16 @@ std::vector<std::uint64_t> remote_done(const Pool& pool) {
   return done;
 }
 
+// The head and two hosts, h1 (`a`) and h2 (`b`), both joined.
+struct TwoHostJob {
+  SecretFile secret{kSecret};
+  TestNet net;
+  Head head{net, kSecret};
+  HostProcess a{net, 1, head.port(), secret.path};
+  HostProcess b{net, 2, head.port(), secret.path};
+  TwoHostJob() { REQUIRE(head.hub->wait_for_hosts(2, 60s)); }
+};
+
 // Maps `count` 10 ms sleep_echo tasks over the head and its hosts, calling `act` once host
 // `a` has done 5 of them (so tasks are in flight there when it acts); every result must come
 // back, in input order, whatever `act` did to the host.
@@ -346,11 +356,9 @@ TEST_CASE("hosts: a map over the head and three hosts gives each result once, in
 }
 
 TEST_CASE("hosts: a host SIGKILLed mid-run loses no task; the others finish its work", "[hosts]") {
-  const SecretFile secret(kSecret);
-  TestNet net;
-  Head head(net, kSecret);
-  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
-  REQUIRE(head.hub->wait_for_hosts(2, 60s));
+  TwoHostJob job;
+  Head& head = job.head;
+  HostProcess& a = job.a;
   map_acting_on(head, a, 200, [&] { a.signal(SIGKILL); });
   const PoolStats s = head.pool->stats();
   CHECK(s.completed == 200);
@@ -366,11 +374,9 @@ TEST_CASE(
     "hosts: a host frozen by SIGSTOP is dropped after lost_after and its tasks run "
     "elsewhere; when it wakes it finds itself dropped and exits",
     "[hosts]") {
-  const SecretFile secret(kSecret);
-  TestNet net;
-  Head head(net, kSecret);
-  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
-  REQUIRE(head.hub->wait_for_hosts(2, 60s));
+  TwoHostJob job;
+  Head& head = job.head;
+  HostProcess& a = job.a;
   std::chrono::steady_clock::time_point stopped;
   map_acting_on(head, a, 150, [&] {
     stopped = std::chrono::steady_clock::now();
@@ -467,11 +473,9 @@ TEST_CASE("hosts: a host that joins a running job takes work", "[hosts]") {
 
 TEST_CASE("hosts: SIGTERM to a host says goodbye; the head runs its tasks elsewhere at once",
           "[hosts]") {
-  const SecretFile secret(kSecret);
-  TestNet net;
-  Head head(net, kSecret);
-  HostProcess a(net, 1, head.port(), secret.path), b(net, 2, head.port(), secret.path);
-  REQUIRE(head.hub->wait_for_hosts(2, 60s));
+  TwoHostJob job;
+  Head& head = job.head;
+  HostProcess& a = job.a;
   map_acting_on(head, a, 150, [&] { a.signal(SIGTERM); });
   CHECK(a.wait_exit(20s) == 128 + SIGTERM);
   CHECK_THAT(a.log(), Contains("stopped; the head was told"));
