@@ -201,7 +201,7 @@ TEST_CASE("import cache: a mapping with no views lingers for the next tensor, th
   CHECK_FALSE(c.next_close(250ms).has_value());
 }
 
-TEST_CASE("import cache: a failed open leaves nothing behind; owner death marks entries",
+TEST_CASE("import cache: a failed open leaves nothing behind, owner death marks entries",
           "[cuda]") {
   ImportCache c;
   auto a = c.acquire(key(0x1000, 7, 1000));
@@ -219,7 +219,7 @@ TEST_CASE("import cache: a failed open leaves nothing behind; owner death marks 
   CHECK(c.owners().size() == 1);
 }
 
-TEST_CASE("export cache: one handle per allocation; a new allocation at the address gets its own",
+TEST_CASE("export cache: one handle per allocation, a new allocation at the address gets its own",
           "[cuda]") {
   ExportCache c;
   BlockInfo b = exportable_block();

@@ -170,7 +170,7 @@ TEST_CASE("flags: 1/0, true/false, yes/no, on/off in any case", "[env]") {
   }
 }
 
-TEST_CASE("text as it is; a choice among the accepted, any case; an absolute path", "[env]") {
+TEST_CASE("text as it is, a choice among the accepted, any case, an absolute path", "[env]") {
   const char* n = "FERRY_TEST_ENV";
   {
     Var v(n, " some thing ");

@@ -115,7 +115,7 @@ TEST_CASE("a wait that slept counts until its waker's stamp, not until the sleep
   CHECK(ferry::answered_after(start, end + nanoseconds(1), end) == milliseconds(300));
 }
 
-TEST_CASE("FERRY_SPIN_US sets the ceiling; a bad value is refused by name", "[spin]") {
+TEST_CASE("FERRY_SPIN_US sets the ceiling, a bad value is refused by name", "[spin]") {
   struct Restore {
     ~Restore() { ::unsetenv("FERRY_SPIN_US"); }
   } restore;

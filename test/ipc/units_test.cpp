@@ -34,7 +34,7 @@ TEST_CASE("a bad size names the value and the accepted forms", "[units]") {
   }
 }
 
-TEST_CASE("durations parse as s, m, h, d or plain seconds; bad ones say what is accepted",
+TEST_CASE("durations parse as s, m, h, d or plain seconds, bad ones say what is accepted",
           "[units]") {
   using std::chrono::seconds;
   CHECK(ferry::parse_duration("30s") == seconds(30));

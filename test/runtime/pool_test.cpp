@@ -173,7 +173,7 @@ TEST_CASE("a task that throws is a TaskError naming worker, device, task and inp
 }
 
 TEST_CASE(
-    "a worker that crashes on a task is restarted; the task is retried, then fails naming the "
+    "a worker that crashes on a task is restarted, the task is retried, then fails naming the "
     "signal") {
   PoolOptions o = cpu_pool(2);
   o.max_retries = 1;
@@ -217,7 +217,7 @@ TEST_CASE("a task past its timeout kills its worker and fails naming the timeout
   CHECK(s.workers[0].restarts == 1);
 }
 
-TEST_CASE("fork is refused after CUDA is initialised; auto then spawns") {
+TEST_CASE("fork is refused after CUDA is initialised, auto then spawns") {
   test::in_child([] {
     cuda::detail::simulate_initialised(true);  // the state only; the refusal path is real
     try {
@@ -344,7 +344,7 @@ TEST_CASE("submit blocks while the pool is full, then times out") {
   CHECK(b.get()[0][0].item<std::int64_t>() == 2);
 }
 
-TEST_CASE("close drains by default and cancels on request; no worker outlives it") {
+TEST_CASE("close drains by default and cancels on request, no worker outlives it") {
   std::vector<pid_t> pids;
   std::vector<std::future<Tensors>> drained;
   {

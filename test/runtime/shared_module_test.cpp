@@ -39,7 +39,7 @@ void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt) {
 
 }  // namespace
 
-TEST_CASE("share_module moves parameters and buffers in place; the optimizer keeps working",
+TEST_CASE("share_module moves parameters and buffers in place, the optimizer keeps working",
           "[shared_module]") {
   auto net = small_net();
   torch::optim::SGD opt(net->parameters(), 0.1);

@@ -255,7 +255,7 @@ TEST_CASE("after warm-up, sending maps nothing and passes no fd", "[queue]") {
   REQUIRE(ferry::transport_stats().segments_created == warm.segments_created);
 }
 
-TEST_CASE("bad tensors are refused with the index and a remedy; the queue stays usable",
+TEST_CASE("bad tensors are refused with the index and a remedy, the queue stays usable",
           "[queue]") {
   auto q = TensorQueue::create({4});
   auto expect_invalid = [&](const Tensors& m, const std::string& needle) {

@@ -209,7 +209,7 @@ TEST_CASE("ferry-shm ls and clean: orphans go, live segments stay", "[tools][fer
   });
 }
 
-TEST_CASE("ferry-shm clean names the process root may not read; --force removes dead owners' only",
+TEST_CASE("ferry-shm clean names the process root may not read, --force removes dead owners' only",
           "[tools][ferry-shm]") {
   ferry::test::in_child([] {
     ferry::test::run_in_private_container(16 << 20, [] {

@@ -355,7 +355,7 @@ TEST_CASE("hosts: a map over the head and three hosts gives each result once, in
   CHECK(head.hub->stats().lost == 0);
 }
 
-TEST_CASE("hosts: a host SIGKILLed mid-run loses no task; the others finish its work", "[hosts]") {
+TEST_CASE("hosts: a host SIGKILLed mid-run loses no task, the others finish its work", "[hosts]") {
   TwoHostJob job;
   Head& head = job.head;
   HostProcess& a = job.a;
@@ -372,7 +372,7 @@ TEST_CASE("hosts: a host SIGKILLed mid-run loses no task; the others finish its 
 
 TEST_CASE(
     "hosts: a host frozen by SIGSTOP is dropped after lost_after and its tasks run "
-    "elsewhere; when it wakes it finds itself dropped and exits",
+    "elsewhere, when it wakes it finds itself dropped and exits",
     "[hosts]") {
   TwoHostJob job;
   Head& head = job.head;
@@ -395,7 +395,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "hosts: a host whose network is cut (nftables drop) is dropped after lost_after; no "
+    "hosts: a host whose network is cut (nftables drop) is dropped after lost_after, no "
     "task is lost",
     "[hosts]") {
   const SecretFile secret(kSecret);
@@ -471,7 +471,7 @@ TEST_CASE("hosts: a host that joins a running job takes work", "[hosts]") {
   CHECK(done.at(1) > 0);  // the late host ran some
 }
 
-TEST_CASE("hosts: SIGTERM to a host says goodbye; the head runs its tasks elsewhere at once",
+TEST_CASE("hosts: SIGTERM to a host says goodbye, the head runs its tasks elsewhere at once",
           "[hosts]") {
   TwoHostJob job;
   Head& head = job.head;

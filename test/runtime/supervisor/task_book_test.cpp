@@ -21,7 +21,7 @@ const Clock::time_point t0 = Clock::now();
 
 }  // namespace
 
-TEST_CASE("task book: at most workers x per-worker tasks are open; an ending frees a place") {
+TEST_CASE("task book: at most workers x per-worker tasks are open, an ending frees a place") {
   TaskBook book(2, 3, 0);
   CHECK(book.capacity() == 6);
   for (std::size_t i = 0; i < 6; ++i) {
@@ -93,7 +93,7 @@ TEST_CASE("task book: a retry takes the worker it was lost on when no other has 
   CHECK(r->worker == 0);
 }
 
-TEST_CASE("task book: every task ends once; a result for an attempt no longer current is stale") {
+TEST_CASE("task book: every task ends once, a result for an attempt no longer current is stale") {
   TaskBook book(2, 2, 2);
   book.set_open(0, true);
   book.set_open(1, true);
