@@ -36,7 +36,10 @@ c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
   o.port = port;
   o.isServer = server;
   o.waitWorkers = false;  // hosts come and go; no count is known
-  o.timeout = timeout;
+  // c10d's socket connect counts whole seconds: under one it gave up at once ("timed out after
+  // 0s"), even for the head's store connecting to itself. Explicit waits keep their own timeouts.
+  o.timeout = std::max<std::chrono::milliseconds>(std::chrono::ceil<std::chrono::seconds>(timeout),
+                                                  std::chrono::seconds(1));
   return o;
 }
 
