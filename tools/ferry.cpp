@@ -578,9 +578,10 @@ int host(const RunArgs& a) {
   // Inputs land in shared memory (the link's receive_buffer), so this host's workers get them
   // without another copy.
   const auto join_timeout = std::chrono::milliseconds(a.join_timeout_ms);
-  ferry::hosts::Joined joined =
-      ferry::hosts::join_head(ferry::hosts::connect_store(head.address, head.port, join_timeout),
-                              secret, self, link, join_timeout);
+  ferry::hosts::Joined joined = ferry::hosts::join_head(
+      ferry::hosts::connect_store(head.address, head.port, join_timeout), secret, self, link,
+      join_timeout,
+      [](const std::string& setup) { ferry::hosts::require_workers(setup, "ferry"); });
   std::fprintf(stderr,
                "ferry host: joined the head at %s:%u as host %llu (%s, %zu tasks at once)\n",
                head.address.c_str(), head.port, static_cast<unsigned long long>(joined.number),

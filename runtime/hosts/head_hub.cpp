@@ -15,7 +15,8 @@ struct HeadHub::Host {
   std::unique_ptr<HostLink> link;
   std::thread receiver, beater;
   std::atomic<bool> lost{false};
-  std::mutex mu;  // guards the fields below
+  bool ready = false;  // its pool runs (HeadHub::mu_): counted live, given tasks
+  std::mutex mu;       // guards the fields below
   std::condition_variable wake;
   std::uint64_t next_seq = 1;
   // What each task frame sent stands for in the pool's book: (task, attempt).
@@ -44,7 +45,7 @@ HeadHub::HeadHub(HubOptions options) : options_(std::move(options)) {
   link.address = options_.address;
   link.timeout = options_.lost_after;
   link.join_timeout = options_.join_timeout;
-  door_ = std::make_unique<HeadDoor>(store_, *options_.secret, link);
+  door_ = std::make_unique<HeadDoor>(store_, *options_.secret, link, options_.setup);
 }
 
 HeadHub::~HeadHub() {
@@ -125,16 +126,26 @@ void HeadHub::admit_loop() {
       std::lock_guard<std::mutex> lock(mu_);
       hosts_.push_back(h);
       ++stats_.joined;
-      ++stats_.live;
-      changed_.notify_all();
     }
     log().info("{} joined from {} with {} ({} tasks at once)", h->who(), h->info.address,
                h->info.devices.size(), h->info.capacity);
     Host* raw = h.get();
     h->receiver = std::thread([this, raw] { receive_loop(*raw); });
     h->beater = std::thread([this, raw] { beat_loop(*raw); });
-    events_->ready(h->slot);
   }
+}
+
+void HeadHub::mark_ready(Host& h) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (h.lost.load()) return;  // lose() counts it out only if it was counted in
+    h.ready = true;
+    ++stats_.live;
+    changed_.notify_all();
+  }
+  log().debug("{} is ready", h.who());
+  // A loss racing this is harmless: a retired slot has no room left, open or not.
+  events_->ready(h.slot);
 }
 
 std::shared_ptr<HeadHub::Host> HeadHub::find(int slot) const {
@@ -174,9 +185,15 @@ void HeadHub::send(int slot, std::uint64_t task, std::uint32_t attempt, const st
 }
 
 void HeadHub::receive_loop(Host& h) {
+  bool ready = false;  // this thread's copy of h.ready
   try {
     for (;;) {
       Message m = h.link->recv(options_.lost_after);
+      const bool starting = m.frame.kind == FrameKind::heartbeat && m.frame.body == kStarting;
+      if (!ready && !starting && m.frame.kind != FrameKind::bye) {
+        ready = true;
+        mark_ready(h);
+      }
       if (m.frame.kind == FrameKind::heartbeat) continue;
       if (m.frame.kind == FrameKind::bye) {
         lose(h, "it left");  // nothing more is sent there...
@@ -250,7 +267,7 @@ void HeadHub::lose(Host& h, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     stopping = stopping_;
     if (!stopping) ++stats_.lost;  // let go at the end is not lost
-    --stats_.live;
+    if (h.ready) --stats_.live;
     changed_.notify_all();
   }
   if (stopping) {

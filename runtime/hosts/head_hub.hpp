@@ -39,12 +39,16 @@ struct HubOptions {
   std::chrono::milliseconds join_timeout{10000};  // each step of a join
   std::chrono::milliseconds heartbeat{500};       // a quiet link sends one this often
   std::chrono::milliseconds lost_after{5000};     // a host silent this long is lost
+  // What each host is told when it joins, under the secret's proof: what it needs to start workers
+  // that can run this job's tasks (a host declines a setup it cannot serve). By default ferry
+  // run's: workers with ferry-worker's tasks, as `ferry host` starts; ferry.Pool gives its own.
+  std::string setup = workers_setup("ferry");
 };
 
 struct HubStats {
   std::uint64_t joined = 0, refused = 0;
   std::uint64_t lost = 0;  // while the pool ran (those let go at stop() are not counted)
-  std::size_t live = 0;    // joined and not lost
+  std::size_t live = 0;    // joined, its pool running, and not lost
 };
 
 class HeadHub : public RemoteWorkers {
@@ -56,8 +60,8 @@ class HeadHub : public RemoteWorkers {
 
   std::uint16_t port() const;  // where hosts join: ferry host --join ADDRESS:PORT
   HubStats stats() const;
-  // Waits until `hosts` hosts are live (joined, not lost); false if `timeout` passed or stop()
-  // came first.
+  // Waits until `hosts` hosts are live (joined, their pools running, not lost); false if
+  // `timeout` passed or stop() came first.
   bool wait_for_hosts(std::size_t hosts, std::chrono::milliseconds timeout) const;
 
   void start(RemoteEvents& events) override;
@@ -72,6 +76,7 @@ class HeadHub : public RemoteWorkers {
   struct Host;
   void admit_loop();
   void receive_loop(Host& h);
+  void mark_ready(Host& h);
   void beat_loop(Host& h);
   void lose(Host& h, const std::string& why);
   std::shared_ptr<Host> find(int slot) const;

@@ -29,10 +29,15 @@ inline constexpr std::size_t kMaxFrameBody = 512;
 enum class FrameKind : std::uint8_t {
   task = 1,       // head to host: run `body` on the tensors; `seq` names the task
   result = 2,     // host to head: the outputs of task `seq` (or its error in `body`)
-  heartbeat = 3,  // either way, while idle: "still here"
+  heartbeat = 3,  // either way, while idle: "still here" (a host's body: kStarting or empty)
   bye = 4,        // either way: the sender leaves; nothing follows
 };
 const char* frame_kind_name(FrameKind k) noexcept;
+
+// A host's heartbeat body while its pool is still starting: the head gives it tasks only from its
+// first other frame on (a host sends one as soon as its pool runs), so a map does not park tasks
+// on a host that cannot run them yet, and "hosts live" means hosts that can.
+inline constexpr const char* kStarting = "starting";
 
 // One payload tensor as it travels: contiguous, `dtype` a ferry wire code (runtime/dtype.hpp).
 struct TensorShape {

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <exception>
 #include <thread>
 
@@ -16,6 +17,8 @@ using std::chrono::milliseconds;
 constexpr const char* kJobKey = "ferry/job";
 constexpr const char* kCountKey = "ferry/hosts";
 constexpr const char* kHeadRefused = "head-refused";  // a host's "proof" for a head that failed
+constexpr const char* kDeclined = "declined: ";       // a host's "proof" when it cannot serve
+constexpr std::size_t kMaxReason = 400;               // of a declining host's reason, in a log
 constexpr milliseconds kPoll{20};
 
 std::string key(std::uint64_t n, const char* step) {
@@ -23,6 +26,11 @@ std::string key(std::uint64_t n, const char* step) {
 }
 std::string context(const std::string& job, std::uint64_t n) {
   return job + "/" + std::to_string(n);
+}
+// The head's answer covers the setup too, so a setup changed in the store fails it; the context
+// holds no newline, so the two parts cannot be shifted into each other.
+std::string head_context(const std::string& ctx, const std::string& setup) {
+  return ctx + "\n" + setup;
 }
 
 std::string hex(const std::uint8_t* p, std::size_t n) {
@@ -69,8 +77,33 @@ std::string take(c10d::Store& store, const std::string& k, milliseconds timeout,
 
 }  // namespace
 
-HeadDoor::HeadDoor(c10::intrusive_ptr<c10d::Store> store, Secret secret, LinkOptions link_options)
-    : store_(std::move(store)), secret_(std::move(secret)), link_options_(std::move(link_options)) {
+std::string workers_setup(const std::string& workers, const std::string& extra_json) {
+  json setup = json::parse(extra_json);
+  setup["workers"] = workers;
+  return setup.dump();
+}
+
+void require_workers(const std::string& setup, const std::string& workers) {
+  std::string theirs;
+  try {
+    theirs = json::parse(setup).at("workers").get<std::string>();
+  } catch (const std::exception&) {
+    throw Error(Errc::handshake, "the head's setup is not one of ferry's (is it a newer ferry?)");
+  }
+  if (theirs == workers) return;
+  const std::string how = theirs == "python"  ? "python3 -m ferry host"
+                          : theirs == "ferry" ? "ferry host"
+                                              : "a host of kind '" + theirs + "'";
+  throw Error(Errc::handshake, "the head's job needs " + theirs + " workers and this host runs " +
+                                   workers + " ones: join it with `" + how + "`");
+}
+
+HeadDoor::HeadDoor(c10::intrusive_ptr<c10d::Store> store, Secret secret, LinkOptions link_options,
+                   std::string setup)
+    : store_(std::move(store)),
+      secret_(std::move(secret)),
+      link_options_(std::move(link_options)),
+      setup_(std::move(setup)) {
   const Challenge id = make_challenge();
   job_ = hex(id.data(), 16);
   put(*store_, kJobKey, job_);
@@ -106,15 +139,18 @@ std::optional<Joined> HeadDoor::admit(milliseconds timeout) {
         throw Error(Errc::handshake, "a malformed challenge");
       }
       const Challenge mine = make_challenge();
-      const Proof answer = prove(secret_, Role::head, ctx, theirs, mine);
+      const Proof answer = prove(secret_, Role::head, head_context(ctx, setup_), theirs, mine);
       put(*store_, key(n, "head"),
           json{{"challenge", hex(mine.data(), mine.size())},
-               {"proof", hex(answer.data(), answer.size())}}
+               {"proof", hex(answer.data(), answer.size())},
+               {"setup", setup_}}
               .dump());
       const std::string said = take(*store_, key(n, "proof"), step, "its proof");
       Proof proof{};
       if (said == kHeadRefused) {
         why = "it found the head's answer wrong: the head's secret differs from the host's";
+      } else if (said.rfind(kDeclined, 0) == 0) {
+        why = "it cannot serve this job: " + said.substr(std::strlen(kDeclined), kMaxReason);
       } else if (!unhex(said, proof) || !verify(secret_, Role::host, ctx, mine, theirs, proof)) {
         why = "its answer is wrong: it does not hold this job's secret";
       }
@@ -152,7 +188,7 @@ std::optional<Joined> HeadDoor::admit(milliseconds timeout) {
 }
 
 Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& secret, HostInfo self,
-                 LinkOptions link_options, milliseconds timeout) {
+                 LinkOptions link_options, milliseconds timeout, const AcceptSetup& accept) {
   const std::string job = take(*store, kJobKey, timeout, "the head's job id");
   const auto n = static_cast<std::uint64_t>(store->add(kCountKey, 1));
   const std::string ctx = context(job, n);
@@ -167,12 +203,14 @@ Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& sec
   const std::string said = take(*store, key(n, "head"), timeout, "the head's answer");
   Challenge theirs{};
   Proof head_proof{};
+  std::string setup;
   bool head_ok = false;
   try {
     const json head = json::parse(said);
+    setup = head.at("setup").get<std::string>();
     head_ok = unhex(head.at("challenge").get<std::string>(), theirs) &&
               unhex(head.at("proof").get<std::string>(), head_proof) &&
-              verify(secret, Role::head, ctx, mine, theirs, head_proof);
+              verify(secret, Role::head, head_context(ctx, setup), mine, theirs, head_proof);
   } catch (const std::exception&) {
     head_ok = false;
   }
@@ -180,8 +218,17 @@ Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& sec
     put(*store, key(n, "proof"), kHeadRefused);
     throw Error(Errc::handshake,
                 "the head behind this store does not hold this job's secret (its answer to "
-                "this host's challenge is wrong): nothing was sent to it; check that the head "
-                "and this host use the same secret file");
+                "this host's challenge is wrong, or the job's setup was altered in the store): "
+                "nothing was sent to it; check that the head and this host use the same secret "
+                "file");
+  }
+  if (accept) {
+    try {
+      accept(setup);
+    } catch (const std::exception& e) {
+      put(*store, key(n, "proof"), kDeclined + failure_text(e));
+      throw;
+    }
   }
   const Proof answer = prove(secret, Role::host, ctx, theirs, mine);
   put(*store, key(n, "proof"), hex(answer.data(), answer.size()));
@@ -194,6 +241,7 @@ Joined join_head(const c10::intrusive_ptr<c10d::Store>& store, const Secret& sec
   Joined j;
   j.number = n;
   j.host = std::move(self);
+  j.setup = std::move(setup);
   j.link = std::make_unique<HostLink>(store, "ferry/link/" + std::to_string(n), 1,
                                       std::move(link_options));
   return j;

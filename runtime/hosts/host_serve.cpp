@@ -26,8 +26,10 @@ struct Outbox {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Reply> replies;
-  bool bye = false;     // say goodbye once what is queued is sent
-  bool closed = false;  // serve_head is returning: send nothing more
+  bool bye = false;       // say goodbye once what is queued is sent
+  bool closed = false;    // serve_head is returning: send nothing more
+  bool starting = false;  // the pool is starting: heartbeats say kStarting
+  bool announce = true;   // send a heartbeat now: the head takes the first plain one as "ready"
 
   void push(Reply r) {
     std::lock_guard<std::mutex> lock(mu);
@@ -40,6 +42,12 @@ struct Outbox {
     bye = true;
     cv.notify_all();
   }
+  void say_ready() {
+    std::lock_guard<std::mutex> lock(mu);
+    starting = false;
+    announce = true;
+    cv.notify_all();
+  }
 };
 
 // The sender thread's body: replies in order, heartbeats while quiet, then the goodbye.
@@ -48,18 +56,21 @@ void send_loop(HostLink& link, Outbox& box, const ServeOptions& options,
   auto last = Clock::now();
   std::unique_lock<std::mutex> lock(box.mu);
   for (;;) {
-    box.cv.wait_until(lock, last + options.heartbeat,
-                      [&] { return box.closed || box.bye || !box.replies.empty(); });
+    box.cv.wait_until(lock, last + options.heartbeat, [&] {
+      return box.closed || box.bye || box.announce || !box.replies.empty();
+    });
     if (box.closed) return;
     if (stop.load() && !box.bye) box.bye = true;  // noticed within one heartbeat
     std::optional<Reply> r;
     if (!box.replies.empty()) {
       r = std::move(box.replies.front());
       box.replies.pop_front();
-    } else if (!box.bye && Clock::now() < last + options.heartbeat) {
+    } else if (!box.bye && !box.announce && Clock::now() < last + options.heartbeat) {
       continue;
     }
     const bool bye = !r && box.bye;
+    const std::string beat = box.starting ? kStarting : "";
+    if (!r) box.announce = false;
     lock.unlock();
     try {
       if (r) {
@@ -67,7 +78,7 @@ void send_loop(HostLink& link, Outbox& box, const ServeOptions& options,
         for (const at::Tensor& t : r->outputs) cpu.push_back(t.is_cuda() ? t.cpu() : t);
         link.send(FrameKind::result, r->seq, result_body(r->ok, r->error), cpu);
       } else {
-        link.send(bye ? FrameKind::bye : FrameKind::heartbeat, 0, "", {});
+        link.send(bye ? FrameKind::bye : FrameKind::heartbeat, 0, bye ? "" : beat, {});
       }
     } catch (const Error& e) {
       if (e.code() != Errc::invalid_argument || !r) {
@@ -83,25 +94,84 @@ void send_loop(HostLink& link, Outbox& box, const ServeOptions& options,
   }
 }
 
-}  // namespace
+// Where tasks go: the pool once it runs; until then they wait here (the pool may still be
+// starting on another thread).
+struct Gate {
+  std::mutex mu;
+  Pool* pool = nullptr;
+  bool failed = false;  // the pool did not start: tasks are dropped, the head retries them
+  std::exception_ptr error;
+  std::vector<Message> waiting;
+};
 
-ServeEnd serve_head(Pool& pool, HostLink& link, const ServeOptions& options,
-                    const std::atomic<bool>& stop) {
+void hand(Pool& pool, Message m, const std::shared_ptr<Outbox>& box) {
+  const std::uint64_t seq = m.frame.seq;
+  try {
+    pool.submit(m.frame.body, std::move(m.tensors), [box, seq](Pool::Result&& r) {
+      Reply reply{seq, !r.error, {}, std::move(r.outputs)};
+      if (r.error) {
+        try {
+          std::rethrow_exception(r.error);
+        } catch (const std::exception& e) {
+          reply.error = e.what();
+        } catch (...) {
+          reply.error = "an unknown exception";
+        }
+      }
+      box->push(std::move(reply));
+    });
+  } catch (const Error& e) {
+    box->push(Reply{seq, false, e.what(), {}});
+  }
+}
+
+ServeEnd serve(const std::function<Pool&()>* start, Gate& gate, HostLink& link,
+               const ServeOptions& options, const std::atomic<bool>& stop) {
   auto box = std::make_shared<Outbox>();
+  if (start) {
+    box->starting = true;
+    box->announce = false;
+  }
   std::thread sender([&link, box, &options, &stop] { send_loop(link, *box, options, stop); });
+  std::thread starter;
+  if (start) {
+    starter = std::thread([start, &gate, box] {
+      try {
+        Pool& pool = (*start)();
+        std::vector<Message> waiting;
+        {
+          std::lock_guard<std::mutex> lock(gate.mu);
+          gate.pool = &pool;
+          waiting.swap(gate.waiting);
+        }
+        for (Message& m : waiting) hand(pool, std::move(m), box);
+        box->say_ready();
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(gate.mu);
+          gate.failed = true;
+          gate.error = std::current_exception();
+          gate.waiting.clear();
+        }
+        box->say_bye();
+      }
+    });
+  }
   struct Join {
     Outbox& box;
-    std::thread& t;
+    std::thread& sender;
+    std::thread& starter;
     bool graceful = false;  // let a queued goodbye go out first
     ~Join() {
+      if (starter.joinable()) starter.join();  // a pool is not stopped half-started
       if (!graceful) {
         std::lock_guard<std::mutex> lock(box.mu);
         box.closed = true;
         box.cv.notify_all();
       }
-      t.join();
+      sender.join();
     }
-  } join{*box, sender};
+  } join{*box, sender, starter};
 
   for (;;) {
     Message m = link.recv(options.lost_after);
@@ -120,30 +190,48 @@ ServeEnd serve_head(Pool& pool, HostLink& link, const ServeOptions& options,
         return ServeEnd::head_left;
       }
       case FrameKind::task: {
-        const std::uint64_t seq = m.frame.seq;
-        try {
-          pool.submit(m.frame.body, std::move(m.tensors), [box, seq](Pool::Result&& r) {
-            Reply reply{seq, !r.error, {}, std::move(r.outputs)};
-            if (r.error) {
-              try {
-                std::rethrow_exception(r.error);
-              } catch (const std::exception& e) {
-                reply.error = e.what();
-              } catch (...) {
-                reply.error = "an unknown exception";
-              }
-            }
-            box->push(std::move(reply));
-          });
-        } catch (const Error& e) {
-          box->push(Reply{seq, false, e.what(), {}});
+        Pool* pool = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(gate.mu);
+          if (gate.failed) break;
+          if (!gate.pool) {
+            gate.waiting.push_back(std::move(m));
+            break;
+          }
+          pool = gate.pool;
         }
+        hand(*pool, std::move(m), box);
         break;
       }
       case FrameKind::result:
         throw Error(Errc::bad_record, "the head sent a result frame, which heads do not send");
     }
   }
+}
+
+}  // namespace
+
+ServeEnd serve_head(Pool& pool, HostLink& link, const ServeOptions& options,
+                    const std::atomic<bool>& stop) {
+  Gate gate;
+  gate.pool = &pool;
+  return serve(nullptr, gate, link, options, stop);
+}
+
+ServeEnd serve_head(const std::function<Pool&()>& start, HostLink& link,
+                    const ServeOptions& options, const std::atomic<bool>& stop) {
+  Gate gate;
+  ServeEnd end{};
+  std::exception_ptr served;
+  try {
+    end = serve(&start, gate, link, options, stop);
+  } catch (...) {
+    served = std::current_exception();
+  }
+  // serve() has joined the starter: what the pool's start threw comes first, as the cause.
+  if (gate.error) std::rethrow_exception(gate.error);
+  if (served) std::rethrow_exception(served);
+  return end;
 }
 
 }  // namespace ferry::hosts

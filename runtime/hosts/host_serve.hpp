@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 
 #include "runtime/hosts/host_link.hpp"
 #include "runtime/pool.hpp"
@@ -33,5 +34,13 @@ enum class ServeEnd {
 // (Pool::close); the head retries them elsewhere.
 ServeEnd serve_head(Pool& pool, HostLink& link, const ServeOptions& options,
                     const std::atomic<bool>& stop);
+
+// As above, while `start` makes this host's pool on a thread of its own (a Python host learns its
+// workers' setup only when it joins, and a pool takes seconds to start): heartbeats go out
+// meanwhile and tasks that arrive wait for the pool. When `start` throws, this host says goodbye
+// and, once the head has answered, serve_head rethrows what `start` threw (the head retries the
+// tasks it had sent). `start`'s pool is the caller's to close.
+ServeEnd serve_head(const std::function<Pool&()>& start, HostLink& link,
+                    const ServeOptions& options, const std::atomic<bool>& stop);
 
 }  // namespace ferry::hosts

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "ipc/error.hpp"
@@ -118,6 +119,88 @@ TEST_CASE("hosts: a proof recorded from another join is refused", "[multihost]")
   CHECK(door.refused() == 1);
   CHECK(honest.exit_code() == 0);
   CHECK(replayer.exit_code() == 0);
+}
+
+TEST_CASE("hosts: a host gets the head's setup, and may decline it with its reason",
+          "[multihost]") {
+  test::ForkedHost taker([](const c10::intrusive_ptr<c10d::Store>& store) {
+    std::string seen;
+    Joined j = join_head(store, kSecret, host_info("taker"), loopback(10s), 10s,
+                         [&](const std::string& setup) { seen = setup; });
+    return j.setup == R"({"workers":"python"})" && seen == j.setup ? 0 : 1;
+  });
+  test::ForkedHost decliner([](const c10::intrusive_ptr<c10d::Store>& store) {
+    try {
+      join_head(store, kSecret, host_info("decliner"), loopback(10s), 10s,
+                [](const std::string& setup) { require_workers(setup, "ferry"); });
+    } catch (const Error& e) {
+      return e.code() == Errc::handshake ? 0 : 1;
+    }
+    return 4;
+  });
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  HeadDoor door(store, kSecret, loopback(10s), workers_setup("python"));
+  taker.tell_port(store_port(store));
+  std::optional<Joined> j = door.admit(10s);
+  REQUIRE(j);
+  CHECK(j->host.name == "taker");
+  CHECK(taker.exit_code() == 0);
+  decliner.tell_port(store_port(store));
+  CHECK_FALSE(door.admit(3s));
+  CHECK(door.refused() == 1);
+  CHECK(decliner.exit_code() == 0);
+}
+
+TEST_CASE("hosts: a setup altered in the store fails the head's answer, the host sends nothing",
+          "[multihost]") {
+  // Someone who can write to the store (it has no authentication) swaps the setup in the head's
+  // answer: the answer covers it, so the host takes the head for one without the secret.
+  test::ForkedHost host(join_expecting_refusal(kSecret, "setup was altered"));
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  store->set("ferry/job", std::vector<std::uint8_t>{'j', 'o', 'b'});
+  store->add("ferry/hosts", 0);
+  host.tell_port(store_port(store));
+  store->wait({"ferry/join/1/hello"}, 10s);
+  const auto raw = store->get("ferry/join/1/hello");
+  const auto hello = nlohmann::json::parse(std::string(raw.begin(), raw.end()));
+  Challenge theirs{};
+  const std::string hex = hello.at("challenge").get<std::string>();
+  for (std::size_t i = 0; i < theirs.size(); ++i) {
+    theirs[i] = static_cast<std::uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  const Challenge mine = make_challenge();
+  // The head's true answer for setup A (the context format of host_join.cpp), sent with B.
+  const Proof answer = prove(kSecret, Role::head, "job/1\n{\"workers\":\"ferry\"}", theirs, mine);
+  auto to_hex = [](const auto& bytes) {
+    std::string s;
+    char buf[3];
+    for (std::uint8_t b : bytes) {
+      std::snprintf(buf, sizeof buf, "%02x", b);
+      s += buf;
+    }
+    return s;
+  };
+  const std::string altered = nlohmann::json{
+      {"challenge", to_hex(mine)},
+      {"proof", to_hex(answer)},
+      {"setup",
+       R"({"workers":"python"})"}}.dump();
+  store->set("ferry/join/1/head", std::vector<std::uint8_t>(altered.begin(), altered.end()));
+  store->wait({"ferry/join/1/proof"}, 10s);
+  const auto proof = store->get("ferry/join/1/proof");
+  CHECK(std::string(proof.begin(), proof.end()) == "head-refused");
+  CHECK(host.exit_code() == 10);
+}
+
+TEST_CASE("hosts: a host is told which command joins a job whose workers it lacks") {
+  CHECK_NOTHROW(require_workers(workers_setup("ferry"), "ferry"));
+  CHECK_NOTHROW(
+      require_workers(workers_setup("python", R"({"python.initializer":"x"})"), "python"));
+  CHECK_THROWS_WITH(require_workers(workers_setup("python"), "ferry"),
+                    Contains("needs python workers") && Contains("python3 -m ferry host"));
+  CHECK_THROWS_WITH(require_workers(workers_setup("ferry"), "python"), Contains("`ferry host`"));
+  CHECK_THROWS_WITH(require_workers("not json", "ferry"), Contains("not one of ferry's"));
+  CHECK_THROWS_WITH(require_workers("{}", "ferry"), Contains("not one of ferry's"));
 }
 
 TEST_CASE("hosts: a host that stops half way costs one timeout, and the next is admitted",
