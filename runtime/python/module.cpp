@@ -9,6 +9,7 @@
 #include "ipc/shm_check.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/python/errors.hpp"
+#include "runtime/python/hosts.hpp"
 #include "runtime/python/message.hpp"
 #include "runtime/python/pool.hpp"
 #include "runtime/python/queue.hpp"
@@ -79,6 +80,7 @@ PYBIND11_MODULE(_C, m) {
   ferry::python::bind_storages(m);
   ferry::python::bind_queue(m);
   ferry::python::bind_pool(m);
+  ferry::python::bind_hosts(m);
   ferry::python::bind_worker(m);
 
   m.def(

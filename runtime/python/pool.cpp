@@ -71,6 +71,7 @@ py::dict stats_dict(const PoolStats& s) {
     d["timeouts"] = w.timeouts;
     d["last_exit"] = w.last_exit;
     d["given_up"] = w.given_up;
+    d["remote"] = w.remote;
     d["tensors_zero_copy"] = w.tensors_zero_copy;
     d["bytes_zero_copy"] = w.bytes_zero_copy;
     d["tensors_copied"] = w.tensors_copied;
@@ -92,7 +93,31 @@ py::dict stats_dict(const PoolStats& s) {
 
 }  // namespace
 
+PoolOptions python_pool_options(std::vector<std::string> devices, std::string executable,
+                                std::vector<std::string> args,
+                                std::map<std::string, std::string> config, int max_retries,
+                                int max_inflight_per_worker, double task_timeout,
+                                double start_timeout, int threads_per_worker) {
+  PoolOptions o;
+  o.devices = std::move(devices);
+  o.start = Start::Spawn;  // a Python process forked from a C++ thread cannot run Python
+  o.worker_executable = std::move(executable);
+  o.worker_args = std::move(args);
+  o.config = std::move(config);
+  o.require_tasks = {kTask};
+  o.max_retries = max_retries;
+  o.max_inflight_per_worker = max_inflight_per_worker;
+  o.task_timeout = seconds_to_ms(task_timeout);
+  o.start_timeout = seconds_to_ms(start_timeout);
+  o.threads_per_worker = threads_per_worker;
+  o.shutdown = Shutdown::Cancel;
+  return o;
+}
+
 void bind_pool(py::module_& m) {
+  // Workers elsewhere (ferry._C.Hub, where several hosts are built): only passed to Pool.
+  py::class_<RemoteWorkers, std::shared_ptr<RemoteWorkers>>(m, "RemoteWorkers");
+
   py::class_<Future>(m, "Future")
       .def("wait", &Future::wait, py::arg("timeout") = py::none(),
            "True once the task has ended (within `timeout` seconds)")
@@ -123,28 +148,22 @@ void bind_pool(py::module_& m) {
                        std::vector<std::string> args, std::map<std::string, std::string> config,
                        int max_retries, int max_inflight_per_worker, double task_timeout,
                        double start_timeout, int threads_per_worker,
-                       const std::vector<at::Tensor>& shared) {
-             PoolOptions o;
-             o.devices = std::move(devices);
-             o.start = Start::Spawn;  // a Python process forked from a C++ thread cannot run Python
-             o.worker_executable = std::move(executable);
-             o.worker_args = std::move(args);
-             o.config = std::move(config);
-             o.require_tasks = {kTask};
-             o.max_retries = max_retries;
-             o.max_inflight_per_worker = max_inflight_per_worker;
-             o.task_timeout = seconds_to_ms(task_timeout);
-             o.start_timeout = seconds_to_ms(start_timeout);
-             o.threads_per_worker = threads_per_worker;
-             o.shutdown = Shutdown::Cancel;
+                       const std::vector<at::Tensor>& shared,
+                       std::shared_ptr<RemoteWorkers> remote) {
+             PoolOptions o =
+                 python_pool_options(std::move(devices), std::move(executable), std::move(args),
+                                     std::move(config), max_retries, max_inflight_per_worker,
+                                     task_timeout, start_timeout, threads_per_worker);
              for (std::size_t i = 0; i < shared.size(); ++i)
                o.shared.emplace(shared_name(i), shared[i]);
+             o.remote = std::move(remote);
              py::gil_scoped_release unlocked;
              return std::make_unique<Pool>(std::move(o));
            }),
            py::arg("devices"), py::arg("executable"), py::arg("args"), py::arg("config"),
            py::arg("max_retries"), py::arg("max_inflight_per_worker"), py::arg("task_timeout"),
-           py::arg("start_timeout"), py::arg("threads_per_worker"), py::arg("shared"))
+           py::arg("start_timeout"), py::arg("threads_per_worker"), py::arg("shared"),
+           py::arg("remote") = nullptr)
       .def(
           "submit",
           [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,

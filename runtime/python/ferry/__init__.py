@@ -26,13 +26,14 @@ if _torch.__version__.split(".")[:2] != _C.torch_version.split(".")[:2]:
 
 from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskError, Timeout,
                  WorkerLost)
+from ._host import serve_host
 from ._pool import AsyncResult, Pool
 from ._queue import Queue, SimpleQueue
 from ._shared import share_, share_module, share_optimizer, shared
 from ._worker import WorkerInfo, worker_info
 
 __all__ = [
-    "Queue", "SimpleQueue", "Pool", "AsyncResult", "empty", "zeros", "share_", "is_shared",
+    "Queue", "SimpleQueue", "Pool", "AsyncResult", "serve_host", "empty", "zeros", "share_", "is_shared",
     "share_module", "share_optimizer", "shared", "stats", "check_shm", "worker_info",
     "WorkerInfo", "Error", "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown",
     "TaskError", "Timeout", "WorkerLost",

@@ -15,12 +15,25 @@ import torch
 
 from . import _C
 from . import _pickle
+from ._C import Timeout
 
 TASK_TENSORS = 64  # tensors one task takes or returns (the supervisor's protocol limit)
 SHARED_STORAGES = 16384  # storages a pool's shared objects may hold (the supervisor's limit)
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
          "sys.exit(w.main(sys.argv[1:]))")
+
+
+def _hub(listen, secret_file, join_timeout, heartbeat, lost_after, initializer):
+    """The head's side of a pool over several hosts: listening from here on."""
+    if not getattr(_C, "has_hosts", False):
+        raise RuntimeError("this ferry was built for one machine only (LibTorch's c10d or "
+                           "Gloo's headers were missing when it was built: apt-get install "
+                           "libgloo-dev and rebuild); listen= needs them")
+    if not isinstance(listen, str):
+        raise TypeError(f"listen must be 'ADDRESS:PORT', e.g. '10.0.0.1:29400', not {listen!r}")
+    return _C.Hub(listen, secret_file or "", float(join_timeout), float(heartbeat),
+                  float(lost_after), _C.python_setup(initializer))
 
 
 def _package_root():
@@ -142,11 +155,20 @@ class Pool:
     life: its tensors are this process's memory itself, never a copy (a module and its
     optimizer for Hogwild training: share_module, share_optimizer); a task gets an object with
     ferry.shared(name). CPU storages move into shared memory in place when the pool starts.
+
+    `listen="ADDRESS:PORT"` spreads the pool over other machines (docs/multi-host.md): hosts that
+    run `python3 -m ferry host --join ADDRESS:PORT` and prove the job's secret (`secret_file`,
+    else FERRY_SECRET) take tasks too, whenever they join; `wait_hosts` holds the constructor
+    until that many have joined (ferry.Timeout after `join_timeout` seconds). A host silent for
+    `lost_after` seconds, or whose process dies, is dropped and its tasks run elsewhere. The
+    initializer runs on every host's workers too; `shared` objects cannot cross machines.
     """
 
     def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None,
                  *, devices=None, retries=2, maxtasks_inflight=3, task_timeout=None,
-                 start_timeout=60.0, threads_per_worker=0, shared=None):
+                 start_timeout=60.0, threads_per_worker=0, shared=None, listen=None,
+                 secret_file=None, wait_hosts=0, join_timeout=10.0, heartbeat=0.5,
+                 lost_after=5.0):
         if maxtasksperchild is not None:
             raise ValueError("maxtasksperchild is not supported: ferry's workers hold no state "
                              "between tasks but what the task keeps; leave it None")
@@ -157,6 +179,18 @@ class Pool:
         if initializer is not None:
             payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True)
             config["python.initializer"] = base64.b64encode(payload).decode()
+        self._hub = None
+        if listen is not None:
+            if shared is not None:
+                raise ValueError("shared objects live in this machine's shared memory, which "
+                                 "other hosts cannot see: a pool with shared= cannot listen= for "
+                                 "hosts; build what tasks need in an initializer instead")
+            self._hub = _hub(listen, secret_file, join_timeout, heartbeat, lost_after,
+                             config.get("python.initializer"))
+            self._listen_address = listen.rsplit(":", 1)[0]
+        elif wait_hosts:
+            raise ValueError(f"wait_hosts={wait_hosts} without listen=: give the address hosts "
+                             "join at, e.g. listen='10.0.0.1:29400'")
         shared_bases = []
         if shared is not None:
             if not isinstance(shared, dict) or not all(isinstance(k, str) for k in shared):
@@ -167,9 +201,15 @@ class Pool:
         self._pool = _C.Pool(devices, sys.executable, ["-c", _BOOT.format(root=_package_root())],
                              config, retries, maxtasks_inflight,
                              0.0 if task_timeout is None else float(task_timeout),
-                             float(start_timeout), threads_per_worker, shared_bases)
+                             float(start_timeout), threads_per_worker, shared_bases, self._hub)
         self._state = "run"
         self._lock = threading.Lock()
+        self._inflight = maxtasks_inflight
+        if wait_hosts and not self._hub.wait_for_hosts(int(wait_hosts), float(join_timeout)):
+            self.terminate()
+            raise Timeout(f"{self._hub.stats()['live']} of wait_hosts={wait_hosts} hosts joined "
+                          f"within join_timeout={join_timeout} s; start them with `python3 -m "
+                          f"ferry host --join {self.address}` and the job's secret")
 
     # -- the calls ------------------------------------------------------------------------------
     def _check_running(self):
@@ -248,7 +288,9 @@ class Pool:
     def _default_chunksize(self, iterable):
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)
-        chunksize, extra = divmod(len(iterable), len(self) * 4)
+        # Hosts count by the workers they hold (their room over a worker's), as local ones do.
+        workers = max(len(self), self._pool.capacity() // max(1, self._inflight))
+        chunksize, extra = divmod(len(iterable), workers * 4)
         return iterable, chunksize + (1 if extra else 0) or 1
 
     def map(self, func, iterable, chunksize=None):
@@ -313,3 +355,17 @@ class Pool:
 
     def worker_pids(self):
         return self._pool.worker_pids()
+
+    # -- several hosts --------------------------------------------------------------------------
+    @property
+    def address(self):
+        """"ADDRESS:PORT" that hosts join (the port picked when listen= gave 0), or None."""
+        if self._hub is None:
+            return None
+        return f"{self._listen_address}:{self._hub.port()}"
+
+    def hosts(self):
+        """Hosts joined, refused and lost so far, and those live now (all 0 without listen=)."""
+        if self._hub is None:
+            return {"joined": 0, "refused": 0, "lost": 0, "live": 0}
+        return self._hub.stats()
