@@ -10,9 +10,9 @@ namespace ferry::hosts {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x4b4e494c'59525246ull;  // "FRRYLINK" little-endian
-constexpr std::uint32_t kVersion = 2;                     // 2: 8 KiB, 64 tensors
+constexpr std::uint32_t kVersion = 3;  // 2: 8 KiB, 64 tensors; 3: 16 KiB, inline payloads
 
-// The fixed part, then kMaxFrameTensors entries, then the body.
+// The fixed part, then one entry per tensor, the body, and the inline payloads.
 struct Head {
   std::uint64_t magic;
   std::uint32_t version;
@@ -20,6 +20,8 @@ struct Head {
   std::uint8_t tensors;
   std::uint16_t body_bytes;
   std::uint64_t seq;
+  std::uint32_t inline_bytes;
+  std::uint32_t pad;
 };
 struct Entry {
   std::uint8_t dtype;
@@ -28,8 +30,12 @@ struct Entry {
   std::int64_t sizes[kMaxFrameDims];
 };
 constexpr std::size_t kEntriesAt = sizeof(Head);
-constexpr std::size_t kBodyAt = kEntriesAt + kMaxFrameTensors * sizeof(Entry);
-static_assert(kBodyAt + kMaxFrameBody <= kFrameBytes, "the frame's parts must fit its size");
+static_assert(kEntriesAt + kMaxFrameTensors * sizeof(Entry) + kMaxFrameBody <= kFrameBytes,
+              "the frame's parts must fit its size");
+
+std::size_t body_at(std::size_t tensors) {
+  return kEntriesAt + tensors * sizeof(Entry);
+}
 
 [[noreturn]] void bad(const std::string& what) {
   throw Error(Errc::bad_record, "host link frame: " + what + "; the link is given up");
@@ -74,6 +80,11 @@ ResultBody parse_result_body(const std::string& body) {
   bad("a result's body is neither 'ok' nor 'error: ...'");
 }
 
+std::size_t frame_room(std::size_t tensors, std::size_t body_bytes) noexcept {
+  const std::size_t used = body_at(tensors) + body_bytes;
+  return used >= kFrameBytes ? 0 : kFrameBytes - used;
+}
+
 std::uint64_t payload_bytes(const TensorShape& t) {
   const std::size_t elem = wire::element_size(t.dtype);
   if (elem == 0) bad("unknown dtype code " + std::to_string(t.dtype));
@@ -99,13 +110,25 @@ FrameBytes encode_frame(const Frame& f) {
                     " bytes of task name and arguments, not " + std::to_string(f.body.size()) +
                     ": pass large arguments as tensors");
   }
+  if (!f.payload.empty()) {
+    std::uint64_t total = 0;
+    for (const TensorShape& t : f.tensors) total += payload_bytes(t);
+    if (total != f.payload.size() || total > frame_room(f.tensors.size(), f.body.size())) {
+      throw Error(Errc::invalid_argument,
+                  "an inline payload of " + std::to_string(f.payload.size()) + " bytes for " +
+                      std::to_string(total) + " bytes of tensors, in a frame with room for " +
+                      std::to_string(frame_room(f.tensors.size(), f.body.size())));
+    }
+  }
   FrameBytes out{};
   const Head head{kMagic,
                   kVersion,
                   static_cast<std::uint8_t>(f.kind),
                   static_cast<std::uint8_t>(f.tensors.size()),
                   static_cast<std::uint16_t>(f.body.size()),
-                  f.seq};
+                  f.seq,
+                  static_cast<std::uint32_t>(f.payload.size()),
+                  0};
   std::memcpy(out.data(), &head, sizeof head);
   for (std::size_t i = 0; i < f.tensors.size(); ++i) {
     const TensorShape& t = f.tensors[i];
@@ -126,7 +149,9 @@ FrameBytes encode_frame(const Frame& f) {
     }
     std::memcpy(out.data() + kEntriesAt + i * sizeof(Entry), &e, sizeof e);
   }
-  std::memcpy(out.data() + kBodyAt, f.body.data(), f.body.size());
+  const std::size_t at = body_at(f.tensors.size());
+  std::memcpy(out.data() + at, f.body.data(), f.body.size());
+  std::memcpy(out.data() + at + f.body.size(), f.payload.data(), f.payload.size());
   return out;
 }
 
@@ -144,7 +169,8 @@ Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes) {
   Frame f;
   f.kind = static_cast<FrameKind>(head.kind);
   f.seq = head.seq;
-  f.body.assign(reinterpret_cast<const char*>(bytes.data() + kBodyAt), head.body_bytes);
+  const std::size_t at = body_at(head.tensors);
+  f.body.assign(reinterpret_cast<const char*>(bytes.data() + at), head.body_bytes);
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < head.tensors; ++i) {
     Entry e{};
@@ -160,6 +186,14 @@ Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes) {
     }
     total += n;
     f.tensors.push_back(std::move(t));
+  }
+  if (head.inline_bytes != 0) {
+    if (head.inline_bytes != total || total > frame_room(head.tensors, head.body_bytes)) {
+      bad("an inline payload of " + std::to_string(head.inline_bytes) + " bytes for " +
+          std::to_string(total) + " bytes of tensors");
+    }
+    f.payload.assign(reinterpret_cast<const char*>(bytes.data() + at + head.body_bytes),
+                     head.inline_bytes);
   }
   return f;
 }

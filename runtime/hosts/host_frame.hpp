@@ -7,9 +7,14 @@
 // dtypes and sizes, and the receiver posts a receive of exactly that size for each. A frame that
 // fails the check is refused with Error(bad_record) and the link is given up: nothing is guessed.
 //
+// Payloads small enough to fit in the frame's room ride in it (inline): the message is then one
+// Gloo send, not one plus one per tensor, each of which waits for the peer to post its receive.
+// That is most results and small tasks (a round trip of 4 KiB went from 3.3x plain Gloo's).
+//
 // Layout (little-endian, as both ends are the same build on the same architecture; a peer of the
 // other byte order fails the magic): magic, version, kind, tensor count, body length, sequence
-// number, then one entry per tensor (dtype, rank, sizes).
+// number, inline payload bytes, then one entry per tensor (dtype, rank, sizes), the body, and the
+// inline payloads one after the other.
 #pragma once
 
 #include <array>
@@ -20,7 +25,7 @@
 
 namespace ferry::hosts {
 
-inline constexpr std::size_t kFrameBytes = 8192;
+inline constexpr std::size_t kFrameBytes = 16384;
 inline constexpr std::size_t kMaxFrameTensors = 64;  // a task's most (worker_protocol.hpp)
 inline constexpr std::size_t kMaxFrameDims = 12;     // as ipc/wire
 // The body (a task's name and arguments, a result's error text) rides in the frame itself.
@@ -51,17 +56,26 @@ struct Frame {
   std::uint64_t seq = 0;
   std::string body;
   std::vector<TensorShape> tensors;
+  // The tensors' bytes one after the other when they ride in the frame (at most frame_room());
+  // empty when they follow it as payloads of their own.
+  std::string payload;
 };
+
+// The bytes a frame with `tensors` tensors and a body of `body_bytes` has left for inline
+// payloads.
+std::size_t frame_room(std::size_t tensors, std::size_t body_bytes) noexcept;
 
 using FrameBytes = std::array<std::uint8_t, kFrameBytes>;
 
 // The frame's bytes. Error(invalid_argument) naming the limit for more than kMaxFrameTensors
-// tensors, a body over kMaxFrameBody bytes, a rank over kMaxFrameDims, or a negative size.
+// tensors, a body over kMaxFrameBody bytes, a rank over kMaxFrameDims, a negative size, or an
+// inline payload that is not exactly the tensors' bytes or does not fit.
 FrameBytes encode_frame(const Frame& f);
 
 // The frame in `bytes`, checked: magic, version, kind, counts, dtype codes (those this build
 // knows), ranks, sizes (non-negative, and the payload's total bytes at most `max_payload_bytes`
-// without overflow). Error(bad_record) naming the first field that is wrong.
+// without overflow), and an inline payload of exactly the tensors' bytes. Error(bad_record)
+// naming the first field that is wrong.
 Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes);
 
 // A result frame's body: "ok", or "error: " and the task's error, cut to fit kMaxFrameBody.

@@ -271,6 +271,16 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
     f.tensors.push_back(std::move(shape));
     payload.push_back(t.contiguous());
   }
+  std::size_t total = 0;
+  for (const at::Tensor& t : payload) total += t.nbytes();
+  if (total != 0 && f.tensors.size() <= kMaxFrameTensors &&
+      total <= frame_room(f.tensors.size(), f.body.size())) {
+    f.payload.reserve(total);  // small: one message instead of one more per tensor
+    for (const at::Tensor& t : payload) {
+      if (t.nbytes() != 0) f.payload.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    }
+    payload.clear();
+  }
   const FrameBytes bytes = encode_frame(f);  // before anything is sent: a refusal breaks nothing
 
   std::lock_guard<std::mutex> lock(impl_->send_mu);
@@ -307,12 +317,16 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     impl_->break_for(e.detail());  // what follows it cannot be told apart from a payload
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
+  std::size_t inline_at = 0;  // where the next inline payload starts in the frame's
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
     const auto& sizes = m.frame.tensors[i].sizes;
     at::Tensor t = impl_->options.allocate ? impl_->options.allocate(sizes, dtypes[i])
                                            : receive_buffer(sizes, dtypes[i]);
     const auto n = static_cast<std::uint64_t>(t.nbytes());
-    if (n != 0) {
+    if (!m.frame.payload.empty()) {
+      if (n != 0) std::memcpy(t.data_ptr(), m.frame.payload.data() + inline_at, n);
+      inline_at += n;
+    } else if (n != 0) {
       std::vector<at::Tensor> one = {t};
       impl_->wait_for([&] { return impl_->group->recv(one, impl_->peer, kTag); },
                       payload_wait(impl_->options.timeout, n, impl_->options.min_bytes_per_s),
@@ -320,6 +334,7 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     }
     m.tensors.push_back(std::move(t));
   }
+  m.frame.payload.clear();  // it is in the tensors now
   return m;
 }
 

@@ -66,8 +66,8 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
   f.kind = FrameKind::result;
   f.tensors = {{f32, {1024}}};
   const FrameBytes good = encode_frame(f);
-  // The fixed part: magic 0-7, version 8-11, kind 12, tensor count 13, body length 14-15; the
-  // first entry at 24: dtype, rank, then sizes at 32.
+  // The fixed part: magic 0-7, version 8-11, kind 12, tensor count 13, body length 14-15,
+  // sequence 16-23, inline bytes 24-27; the first entry at 32: dtype, rank, then sizes at 40.
   auto damaged = [&](std::size_t at, std::uint8_t value) {
     FrameBytes b = good;
     b[at] = value;
@@ -78,15 +78,47 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
   CHECK(code_of_decode(damaged(12, 9)) == Errc::bad_record);     // kind
   CHECK(code_of_decode(damaged(13, 33)) == Errc::bad_record);    // tensor count
   CHECK(code_of_decode(damaged(15, 0x40)) == Errc::bad_record);  // body length
-  CHECK(code_of_decode(damaged(24, 200)) == Errc::bad_record);   // dtype code
-  CHECK(code_of_decode(damaged(25, 13)) == Errc::bad_record);    // rank
-  CHECK(code_of_decode(damaged(39, 0x80)) == Errc::bad_record);  // a negative size
+  CHECK(code_of_decode(damaged(24, 1)) == Errc::bad_record);     // inline bytes, none there
+  CHECK(code_of_decode(damaged(32, 200)) == Errc::bad_record);   // dtype code
+  CHECK(code_of_decode(damaged(33, 13)) == Errc::bad_record);    // rank
+  CHECK(code_of_decode(damaged(47, 0x80)) == Errc::bad_record);  // a negative size
   // Sizes whose product overflows, and a payload over the link's limit.
   Frame huge;
   huge.tensors = {{f32, {INT64_MAX, 4}}};
   CHECK(code_of_decode(encode_frame(huge)) == Errc::bad_record);
   CHECK(code_of_decode(good, 4095) == Errc::bad_record);
   CHECK_NOTHROW(decode_frame(good, 4096));
+}
+
+TEST_CASE("hosts: small payloads ride in the frame, exactly their bytes", "[multihost]") {
+  using Catch::Matchers::Contains;
+  Frame f;
+  f.kind = FrameKind::result;
+  f.seq = 9;
+  f.body = "ok";
+  f.tensors = {{f32, {2, 3}}, {i64, {}}, {f32, {0}}};
+  for (int i = 0; i < 6 * 4 + 8; ++i) f.payload.push_back(static_cast<char>(i));
+  const FrameBytes bytes = encode_frame(f);
+  const Frame g = decode_frame(bytes, kNoLimit);
+  CHECK(g.tensors == f.tensors);
+  CHECK(g.body == "ok");
+  CHECK(g.payload == f.payload);
+  // The room is what the entries and the body leave of the frame; a payload must be exactly the
+  // tensors' bytes and fit it, or nothing is sent.
+  CHECK(frame_room(3, 2) < kFrameBytes);
+  CHECK(frame_room(1, 0) > frame_room(2, 0));
+  CHECK(frame_room(1, 0) >= 16000);
+  Frame short_one = f;
+  short_one.payload.pop_back();
+  CHECK_THROWS_WITH(encode_frame(short_one), Contains("31 bytes for 32 bytes of tensors"));
+  Frame too_big;
+  too_big.tensors = {{f32, {static_cast<std::int64_t>(frame_room(1, 0) / 4 + 1)}}};
+  too_big.payload.assign(static_cast<std::size_t>(payload_bytes(too_big.tensors[0])), 'x');
+  CHECK_THROWS_WITH(encode_frame(too_big), Contains("in a frame with room for"));
+  // A frame that says its payload is inline, with the wrong length, is refused on receipt.
+  FrameBytes lying = bytes;
+  lying[24] = static_cast<std::uint8_t>(lying[24] + 1);
+  CHECK(code_of_decode(lying) == Errc::bad_record);
 }
 
 TEST_CASE("host frame: a result's body says ok or carries the task's error, cut to fit") {

@@ -111,7 +111,10 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
       receive_error = e.what();
     }
   });
-  for (std::uint64_t seq = 1; seq <= 3; ++seq) link.send(FrameKind::task, seq, "abc", inputs);
+  // Task 2 is small enough to ride in its frame, tasks 1 and 3 are not (the 2 MiB tensor).
+  const std::vector<at::Tensor> small(inputs.begin(), inputs.end() - 1);
+  auto sent = [&](std::uint64_t seq) { return seq == 2 ? small : inputs; };
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) link.send(FrameKind::task, seq, "abc", sent(seq));
   receiver.join();
   REQUIRE(receive_error.empty());
   REQUIRE(results.size() == 3);
@@ -120,12 +123,13 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
     CHECK(m.frame.kind == FrameKind::result);
     CHECK(m.frame.seq == seq);
     CHECK(m.frame.body == "cba");
-    REQUIRE(m.tensors.size() == inputs.size());
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      INFO("tensor " << i);
-      CHECK(m.tensors[i].dtype() == inputs[i].dtype());
-      CHECK(m.tensors[i].sizes() == inputs[i].sizes());
-      const at::Tensor want = inputs[i].dtype() == at::kBool ? inputs[i] : inputs[i] * 2;
+    const std::vector<at::Tensor> in = sent(seq);
+    REQUIRE(m.tensors.size() == in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      INFO("task " << seq << ", tensor " << i);
+      CHECK(m.tensors[i].dtype() == in[i].dtype());
+      CHECK(m.tensors[i].sizes() == in[i].sizes());
+      const at::Tensor want = in[i].dtype() == at::kBool ? in[i] : in[i] * 2;
       CHECK(at::equal(m.tensors[i], want));
       // Received into the shared-memory arena: recycled memory, and no copy to a local worker.
       if (m.tensors[i].nbytes() > 0) CHECK(is_shared(m.tensors[i]));
