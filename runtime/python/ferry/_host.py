@@ -7,15 +7,13 @@ tasks refer to by name must be importable here as on the head.
 """
 
 import argparse
-import json
-import os
 import signal
 import socket
 import sys
 import threading
 
 from . import _C
-from ._pool import _BOOT, _devices, _package_root
+from ._pool import _devices, _require_hosts, _worker_command
 
 # Exit codes, as `ferry host`'s: the head's job ended; bad options; could not join or lost the
 # head. A signal gives 128 + its number, after telling the head.
@@ -33,9 +31,7 @@ def serve_host(join, *, processes=None, devices=None, secret_file=None, name=Non
     secret refused) or loses the head. `on_joined(number, address, capacity)` is called once
     joined, before this host's workers start.
     """
-    if not getattr(_C, "has_hosts", False):
-        raise RuntimeError("this ferry was built for one machine only (LibTorch's c10d or "
-                           "Gloo's headers were missing when it was built)")
+    _require_hosts("serve_host")
     devices = _devices(processes, devices)
     if maxtasks_inflight < 1:
         raise ValueError(f"maxtasks_inflight={maxtasks_inflight}: give 1 or more")
@@ -50,8 +46,7 @@ def serve_host(join, *, processes=None, devices=None, secret_file=None, name=Non
     def run():
         try:
             box["end"] = joined.serve(
-                sys.executable, ["-c", _BOOT.format(root=_package_root())],
-                {"python.path": json.dumps([p for p in sys.path if p])}, int(retries),
+                *_worker_command(), int(retries),
                 int(maxtasks_inflight), 0.0 if task_timeout is None else float(task_timeout),
                 float(start_timeout), int(threads_per_worker), flag)
         except BaseException as e:

@@ -24,12 +24,23 @@ _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
          "sys.exit(w.main(sys.argv[1:]))")
 
 
-def _hub(listen, secret_file, join_timeout, heartbeat, lost_after, initializer):
-    """The head's side of a pool over several hosts: listening from here on."""
+def _require_hosts(what):
+    """RuntimeError naming `what` where this build has no pool over several hosts."""
     if not getattr(_C, "has_hosts", False):
         raise RuntimeError("this ferry was built for one machine only (LibTorch's c10d or "
                            "Gloo's headers were missing when it was built: apt-get install "
-                           "libgloo-dev and rebuild); listen= needs them")
+                           f"libgloo-dev and rebuild); {what} needs them")
+
+
+def _worker_command():
+    """(executable, args, base config) that start a Python worker on this machine."""
+    return (sys.executable, ["-c", _BOOT.format(root=_package_root())],
+            {"python.path": json.dumps([p for p in sys.path if p])})
+
+
+def _hub(listen, secret_file, join_timeout, heartbeat, lost_after, initializer):
+    """The head's side of a pool over several hosts: listening from here on."""
+    _require_hosts("listen=")
     if not isinstance(listen, str):
         raise TypeError(f"listen must be 'ADDRESS:PORT', e.g. '10.0.0.1:29400', not {listen!r}")
     return _C.Hub(listen, secret_file or "", float(join_timeout), float(heartbeat),
@@ -175,7 +186,7 @@ class Pool:
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         devices = _devices(processes, devices)
-        config = {"python.path": json.dumps([p for p in sys.path if p])}
+        executable, args, config = _worker_command()
         if initializer is not None:
             payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True)
             config["python.initializer"] = base64.b64encode(payload).decode()
@@ -198,8 +209,7 @@ class Pool:
                                 "{'model': model, 'optimizer': opt}")
             payload, shared_bases = _pickle.dumps(dict(shared), SHARED_STORAGES, functions="auto")
             config["python.shared"] = base64.b64encode(payload).decode()
-        self._pool = _C.Pool(devices, sys.executable, ["-c", _BOOT.format(root=_package_root())],
-                             config, retries, maxtasks_inflight,
+        self._pool = _C.Pool(devices, executable, args, config, retries, maxtasks_inflight,
                              0.0 if task_timeout is None else float(task_timeout),
                              float(start_timeout), threads_per_worker, shared_bases, self._hub)
         self._state = "run"
