@@ -10,7 +10,8 @@ namespace ferry::hosts {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x4b4e494c'59525246ull;  // "FRRYLINK" little-endian
-constexpr std::uint32_t kVersion = 3;  // 2: 8 KiB, 64 tensors; 3: 16 KiB, inline payloads
+// 2: 8 KiB, 64 tensors; 3: 16 KiB, inline payloads; 4: slabs
+constexpr std::uint32_t kVersion = 4;
 
 // The fixed part, then one entry per tensor, the body, and the inline payloads.
 struct Head {
@@ -60,6 +61,27 @@ const char* frame_kind_name(FrameKind k) noexcept {
       return "bye";
   }
   return "unknown";
+}
+
+const char* carrier_name(Carrier c) noexcept {
+  switch (c) {
+    case Carrier::none:
+      return "none";
+    case Carrier::frame:
+      return "frame";
+    case Carrier::slab:
+      return "slab";
+    case Carrier::apart:
+      return "apart";
+  }
+  return "unknown";
+}
+
+Carrier payload_carrier(std::uint64_t total, std::size_t room) noexcept {
+  if (total == 0) return Carrier::none;
+  if (total <= room) return Carrier::frame;
+  if (total <= kSlabBytes) return Carrier::slab;
+  return Carrier::apart;
 }
 
 std::string result_body(bool ok, const std::string& error) {

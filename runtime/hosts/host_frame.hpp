@@ -10,6 +10,11 @@
 // Payloads small enough to fit in the frame's room ride in it (inline): the message is then one
 // Gloo send, not one plus one per tensor, each of which waits for the peer to post its receive.
 // That is most results and small tasks (a round trip of 4 KiB went from 3.3x plain Gloo's).
+// Payloads up to kSlabBytes follow in one slab of exactly that size, for which the receiver
+// keeps a receive posted at all times: a payload's own receive is posted only once its frame has
+// come, and the sender's data waits for word of it, one more trip across the link each way
+// (a 64 KiB round trip was 3.6x plain Gloo's). Larger payloads follow as one message per tensor,
+// where that trip costs little against the transfer. payload_carrier() decides, for both ends.
 //
 // Layout (little-endian, as both ends are the same build on the same architecture; a peer of the
 // other byte order fails the magic): magic, version, kind, tensor count, body length, sequence
@@ -43,6 +48,24 @@ const char* frame_kind_name(FrameKind k) noexcept;
 // first other frame on (a host sends one as soon as its pool runs), so a map does not park tasks
 // on a host that cannot run them yet, and "hosts live" means hosts that can.
 inline constexpr const char* kStarting = "starting";
+
+// The fixed size of a slab (above): a 64 KiB tensor fits it exactly; padding a smaller payload to
+// it costs the link less than the trip it saves.
+inline constexpr std::size_t kSlabBytes = 65536;
+
+// How a message's payload travels with its frame.
+enum class Carrier : std::uint8_t {
+  none,   // no payload bytes
+  frame,  // in the frame (Frame::payload)
+  slab,   // in one slab of kSlabBytes that follows the frame, the rest of it zeros
+  apart,  // one message per tensor of a non-zero size, in order, each exactly its bytes
+};
+const char* carrier_name(Carrier c) noexcept;
+
+// The carrier for `total` payload bytes in a frame with `room` bytes left for them
+// (frame_room()). A sender passes the frame's room; a receiver passes the room of a frame that
+// came without an inline payload as 0, and so expects what its sender chose.
+Carrier payload_carrier(std::uint64_t total, std::size_t room) noexcept;
 
 // One payload tensor as it travels: contiguous, `dtype` a ferry wire code (runtime/dtype.hpp).
 struct TensorShape {

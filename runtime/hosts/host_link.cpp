@@ -14,11 +14,14 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ipc/fd.hpp"
 #include "ipc/log.hpp"
@@ -28,7 +31,8 @@
 namespace ferry::hosts {
 namespace {
 
-constexpr int kTag = 0;
+constexpr int kTag = 0;      // frames, and payloads sent apart
+constexpr int kSlabTag = 1;  // slabs (host_frame.hpp), which have a receive posted at all times
 
 c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
                                     std::chrono::milliseconds timeout) {
@@ -166,11 +170,27 @@ std::uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store) {
   return tcp->getPort();
 }
 
+// What c10d's send and recv return: ProcessGroup::Work in 1.13, Work in 2.x.
+using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().recv(
+    std::declval<std::vector<at::Tensor>&>(), 0, 0));
+
+at::Tensor slab_tensor(std::vector<std::uint8_t>& bytes) {
+  return at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte);
+}
+
 struct HostLink::Impl {
   std::string name;
   int peer = 0;
   LinkOptions options;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  // Slabs: one buffer to send from (under send_mu) and two to receive into (under recv_mu), one of
+  // which always has its receive posted (`slab_posted`) while the other is read; declared after
+  // `group` so that the posted receive goes before the group does.
+  std::vector<std::uint8_t> send_slab = std::vector<std::uint8_t>(kSlabBytes);
+  std::array<std::vector<std::uint8_t>, 2> recv_slabs = {std::vector<std::uint8_t>(kSlabBytes),
+                                                         std::vector<std::uint8_t>(kSlabBytes)};
+  int slab_posted = 0;
+  WorkPtr slab_work;
   std::mutex send_mu, recv_mu;
   std::atomic<bool> broken{false};
   std::string why;  // the first failure, under fail_mu
@@ -210,6 +230,28 @@ struct HostLink::Impl {
       fail(e, doing);
     }
   }
+
+  // Posts the receive of the next slab into recv_slabs[which].
+  void post_slab(int which) {
+    std::vector<at::Tensor> one = {slab_tensor(recv_slabs[which])};
+    try {
+      slab_work = group->recv(one, peer, kSlabTag);
+    } catch (const std::exception& e) {
+      fail(e, "posting a slab's receive");
+    }
+    slab_posted = which;
+  }
+
+  // Waits for the posted slab, posts the other buffer's receive at once (the sender of the next
+  // slab need not wait for this one to be read) and returns the full one.
+  const std::vector<std::uint8_t>& take_slab() {
+    wait_for([&] { return slab_work; },
+             payload_wait(options.timeout, kSlabBytes, options.min_bytes_per_s),
+             "receiving a slab");
+    const int full = slab_posted;
+    post_slab(1 - full);
+    return recv_slabs[full];
+  }
 };
 
 HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
@@ -230,6 +272,7 @@ HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     opts->threads = 1;  // sends and receives wait on the caller's thread; one is enough
     auto scoped = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(scoped, rank, 2, opts);
+    impl_->post_slab(0);
   } catch (const std::exception& e) {
     const std::string what = failure_text(e);
     throw Error(link_failure_code(what) == Errc::timeout ? Errc::timeout : Errc::system,
@@ -273,30 +316,47 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
   }
   std::size_t total = 0;
   for (const at::Tensor& t : payload) total += t.nbytes();
-  if (total != 0 && f.tensors.size() <= kMaxFrameTensors &&
-      total <= frame_room(f.tensors.size(), f.body.size())) {
-    f.payload.reserve(total);  // small: one message instead of one more per tensor
+  // A frame that cannot be encoded is refused below whatever this says.
+  const std::size_t room =
+      f.tensors.size() <= kMaxFrameTensors ? frame_room(f.tensors.size(), f.body.size()) : 0;
+  const Carrier carrier = payload_carrier(total, room);
+  if (carrier == Carrier::frame) {
+    f.payload.reserve(total);
     for (const at::Tensor& t : payload) {
       if (t.nbytes() != 0) f.payload.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
     }
-    payload.clear();
   }
   const FrameBytes bytes = encode_frame(f);  // before anything is sent: a refusal breaks nothing
 
   std::lock_guard<std::mutex> lock(impl_->send_mu);
   impl_->check_usable();
-  std::vector<at::Tensor> frame = {at::from_blob(const_cast<std::uint8_t*>(bytes.data()),
-                                                 {static_cast<std::int64_t>(bytes.size())},
-                                                 at::kByte)};
   const auto timeout = impl_->options.timeout;
-  impl_->wait_for([&] { return impl_->group->send(frame, impl_->peer, kTag); }, timeout,
-                  "sending a frame");
-  for (at::Tensor& t : payload) {
-    const auto n = static_cast<std::uint64_t>(t.nbytes());
-    if (n == 0) continue;  // nothing to send; the receiver skips it too
-    std::vector<at::Tensor> one = {t};
-    impl_->wait_for([&] { return impl_->group->send(one, impl_->peer, kTag); },
-                    payload_wait(timeout, n, impl_->options.min_bytes_per_s), "sending a payload");
+  // Each message is waited for before the next is posted: posting the frame's and the slab's
+  // sends together and then waiting for both cost a stream of 64 KiB messages half its bandwidth
+  // in interleaved runs (host_link_test cannot tell; ferry-hosts-bench can).
+  auto send_one = [&](at::Tensor t, int tag, std::chrono::milliseconds wait, const char* doing) {
+    std::vector<at::Tensor> one = {std::move(t)};
+    impl_->wait_for([&] { return impl_->group->send(one, impl_->peer, tag); }, wait, doing);
+  };
+  send_one(at::from_blob(const_cast<std::uint8_t*>(bytes.data()),
+                         {static_cast<std::int64_t>(bytes.size())}, at::kByte),
+           kTag, timeout, "sending a frame");
+  if (carrier == Carrier::slab) {
+    std::uint8_t* at = impl_->send_slab.data();
+    for (const at::Tensor& t : payload) {
+      if (t.nbytes() != 0) std::memcpy(at, t.data_ptr(), t.nbytes());
+      at += t.nbytes();
+    }
+    std::memset(at, 0, static_cast<std::size_t>(impl_->send_slab.data() + kSlabBytes - at));
+    send_one(slab_tensor(impl_->send_slab), kSlabTag,
+             payload_wait(timeout, kSlabBytes, impl_->options.min_bytes_per_s), "sending a slab");
+  } else if (carrier == Carrier::apart) {
+    for (const at::Tensor& t : payload) {
+      const auto n = static_cast<std::uint64_t>(t.nbytes());
+      if (n == 0) continue;  // nothing to send; the receiver skips it too
+      send_one(t, kTag, payload_wait(timeout, n, impl_->options.min_bytes_per_s),
+               "sending a payload");
+    }
   }
 }
 
@@ -317,15 +377,25 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     impl_->break_for(e.detail());  // what follows it cannot be told apart from a payload
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
-  std::size_t inline_at = 0;  // where the next inline payload starts in the frame's
+  std::uint64_t total = 0;
+  for (const TensorShape& shape : m.frame.tensors) total += payload_bytes(shape);
+  const Carrier carrier = payload_carrier(
+      total, m.frame.payload.empty() ? 0 : frame_room(m.frame.tensors.size(), m.frame.body.size()));
+  // The bytes the tensors are copied from, one after the other, unless they come apart.
+  const std::uint8_t* carried = nullptr;
+  if (carrier == Carrier::frame) {
+    carried = reinterpret_cast<const std::uint8_t*>(m.frame.payload.data());
+  } else if (carrier == Carrier::slab) {
+    carried = impl_->take_slab().data();
+  }
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
     const auto& sizes = m.frame.tensors[i].sizes;
     at::Tensor t = impl_->options.allocate ? impl_->options.allocate(sizes, dtypes[i])
                                            : receive_buffer(sizes, dtypes[i]);
     const auto n = static_cast<std::uint64_t>(t.nbytes());
-    if (!m.frame.payload.empty()) {
-      if (n != 0) std::memcpy(t.data_ptr(), m.frame.payload.data() + inline_at, n);
-      inline_at += n;
+    if (carried != nullptr) {
+      if (n != 0) std::memcpy(t.data_ptr(), carried, n);
+      carried += n;
     } else if (n != 0) {
       std::vector<at::Tensor> one = {t};
       impl_->wait_for([&] { return impl_->group->recv(one, impl_->peer, kTag); },

@@ -121,6 +121,23 @@ TEST_CASE("hosts: small payloads ride in the frame, exactly their bytes", "[mult
   CHECK(code_of_decode(lying) == Errc::bad_record);
 }
 
+TEST_CASE("hosts: a payload rides in the frame, in one slab, or apart, by its size",
+          "[multihost]") {
+  const std::size_t room = frame_room(1, 0);
+  CHECK(payload_carrier(0, room) == Carrier::none);
+  CHECK(payload_carrier(1, room) == Carrier::frame);
+  CHECK(payload_carrier(room, room) == Carrier::frame);
+  CHECK(payload_carrier(room + 1, room) == Carrier::slab);
+  CHECK(payload_carrier(kSlabBytes, room) == Carrier::slab);  // a 64 KiB tensor, exactly
+  CHECK(payload_carrier(kSlabBytes + 1, room) == Carrier::apart);
+  CHECK(payload_carrier(std::uint64_t{1} << 40, room) == Carrier::apart);
+  // A receiver passes 0 for a frame that came without its payload, and so expects a slab for what
+  // would have fitted the frame: the sender chose.
+  CHECK(payload_carrier(4096, 0) == Carrier::slab);
+  CHECK(payload_carrier(0, 0) == Carrier::none);
+  CHECK(std::string(carrier_name(Carrier::slab)) == "slab");
+}
+
 TEST_CASE("host frame: a result's body says ok or carries the task's error, cut to fit") {
   using Catch::Matchers::Contains;
   CHECK(parse_result_body(result_body(true, "")).ok);

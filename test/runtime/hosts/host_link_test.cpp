@@ -140,6 +140,65 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
   CHECK_FALSE(link.broken());
 }
 
+TEST_CASE("hosts: payloads up to a slab, and just over it, cross intact and in order",
+          "[multihost]") {
+  // The host echoes each task's tensors plus one; it is slow to take the first three, so their
+  // slabs queue up behind the one receive it keeps posted.
+  test::ForkedHost peer(as_host([](HostLink& link) {
+    for (int n = 0;; ++n) {
+      Message m = link.recv(10s);
+      if (m.frame.kind == FrameKind::bye) return 0;
+      if (n < 3) std::this_thread::sleep_for(50ms);
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& t : m.tensors) out.push_back(t + 1);
+      link.send(FrameKind::result, m.frame.seq, "ok", out);
+    }
+  }));
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  HostLink link(store, "link/1", 0, loopback(10s));
+
+  const std::int64_t slab_floats = kSlabBytes / 4;
+  auto floats = [](std::int64_t n, double from) {
+    return at::arange(from, from + static_cast<double>(n), at::kFloat);
+  };
+  const std::vector<std::vector<at::Tensor>> tasks = {
+      {floats(slab_floats, 0)},                      // exactly one slab
+      {floats(5000, 1)},                             // 20 KB: more than the frame holds
+      {floats(slab_floats - 8, 2), floats(8, 3)},    // two tensors filling one slab
+      {floats(slab_floats + 1, 4)},                  // one float over: apart
+      {floats(100, 5)},                              // in the frame
+      {floats(9000, 6), at::empty({0}, at::kFloat),  // a slab with an empty tensor in it
+       at::arange(7, at::kLong)},
+      {floats(slab_floats, 7)},  // a slab after one apart and one inline
+  };
+  std::vector<Message> results;
+  std::string receive_error;
+  std::thread receiver([&] {
+    try {
+      for (std::size_t i = 0; i < tasks.size(); ++i) results.push_back(link.recv(10s));
+    } catch (const std::exception& e) {
+      receive_error = e.what();
+    }
+  });
+  for (std::size_t i = 0; i < tasks.size(); ++i) link.send(FrameKind::task, i, "", tasks[i]);
+  receiver.join();
+  REQUIRE(receive_error.empty());
+  REQUIRE(results.size() == tasks.size());
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    REQUIRE(results[i].frame.seq == i);
+    REQUIRE(results[i].tensors.size() == tasks[i].size());
+    for (std::size_t k = 0; k < tasks[i].size(); ++k) {
+      INFO("task " << i << ", tensor " << k);
+      CHECK(results[i].tensors[k].sizes() == tasks[i][k].sizes());
+      CHECK(at::equal(results[i].tensors[k], tasks[i][k] + 1));
+    }
+  }
+  link.send(FrameKind::bye, 0, "", {});
+  CHECK(peer.exit_code() == 0);
+  CHECK_FALSE(link.broken());
+}
+
 TEST_CASE("hosts: where shared memory has no room, a payload is received into ordinary memory",
           "[multihost]") {
   // The receiving host gets a 1 MiB /dev/shm of its own (a mount namespace: root only).
