@@ -20,6 +20,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,58 @@ c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
   o.timeout = std::max<std::chrono::milliseconds>(std::chrono::ceil<std::chrono::seconds>(timeout),
                                                   std::chrono::seconds(1));
   return o;
+}
+
+// 2.x's TCPStoreOptions has masterListenFd, a listening socket its server adopts, and useLibUV,
+// whose server refuses such a socket in some 2.x releases; 1.13 has neither, and its server
+// listens on every address of the machine.
+template <class O, class = void>
+struct HasListenFd : std::false_type {};
+template <class O>
+struct HasListenFd<O, std::void_t<decltype(std::declval<O&>().masterListenFd)>> : std::true_type {};
+template <class O, class = void>
+struct HasUseLibUV : std::false_type {};
+template <class O>
+struct HasUseLibUV<O, std::void_t<decltype(std::declval<O&>().useLibUV)>> : std::true_type {};
+
+// Hands `fd` to the store's server where c10d can take it; false (and `fd` left alone) where not.
+template <class O>
+bool adopt_listener(O& options, int fd) {
+  if constexpr (HasListenFd<O>::value) {
+    options.masterListenFd = fd;
+    if constexpr (HasUseLibUV<O>::value) options.useLibUV = false;
+    return true;
+  } else {
+    (void)options;
+    (void)fd;
+    return false;
+  }
+}
+
+// A TCP socket listening on `address`:`port` (0: any free port) and on nothing else.
+UniqueFd listener_on(const std::string& address, std::uint16_t port) {
+  const std::string where = address + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found);
+      rc != 0) {
+    throw Error(Errc::system, "cannot start the job's store on " + where + ": " +
+                                  ::gai_strerror(rc) + "; give an IPv4 address of this machine");
+  }
+  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(found, &::freeaddrinfo);
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int on = 1;
+  if (!fd || ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+      ::bind(fd.get(), found->ai_addr, found->ai_addrlen) != 0 ||
+      ::listen(fd.get(), SOMAXCONN) != 0) {
+    throw Error(Errc::system, "cannot start the job's store on " + where + ": " +
+                                  std::strerror(errno) +
+                                  "; pick another port (0 for any free one) or an address of "
+                                  "this machine");
+  }
+  return fd;
 }
 
 // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died raises
@@ -141,10 +194,27 @@ std::string address_towards(const std::string& peer) {
   return text;
 }
 
+bool store_listens_only_where_asked() noexcept {
+  return HasListenFd<c10d::TCPStoreOptions>::value;
+}
+
 c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::uint16_t port,
                                              std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options = store_options(port, true, timeout);
+  if (store_listens_only_where_asked()) {
+    UniqueFd listener = listener_on(address, port);
+    sockaddr_in bound{};
+    socklen_t len = sizeof bound;
+    if (::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      throw Error(Errc::system,
+                  std::string("getsockname on the store's socket: ") + std::strerror(errno));
+    }
+    options.port = ntohs(bound.sin_port);  // c10d checks the socket against it
+    // The store's server owns the socket from here, and closes it, even when it then throws.
+    adopt_listener(options, listener.release());
+  }
   try {
-    return c10::make_intrusive<c10d::TCPStore>(address, store_options(port, true, timeout));
+    return c10::make_intrusive<c10d::TCPStore>(address, options);
   } catch (const std::exception& e) {
     throw Error(Errc::system, "cannot start the job's store on " + address + ":" +
                                   std::to_string(port) + ": " + failure_text(e) +

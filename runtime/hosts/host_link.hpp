@@ -55,10 +55,14 @@ Endpoint parse_endpoint(const std::string& text, bool allow_any_port);
 // UDP socket would send there; Error(system) naming the peer when there is no route.
 std::string address_towards(const std::string& peer);
 
-// The head's store: a TCPStore server listening on `address`:`port` only (port 0: any free one,
-// see store_port). Error(system) naming the address when it cannot listen.
+// The head's store: a TCPStore server listening on `address`:`port` (port 0: any free one, see
+// store_port), and on no other address where store_listens_only_where_asked(). Error(system)
+// naming the address when it cannot listen.
 c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::uint16_t port,
                                              std::chrono::milliseconds timeout);
+// Whether this build's c10d lets the store listen on one address (2.x's masterListenFd): with
+// LibTorch 1.13 its server listens on every address of the machine, whatever address is given.
+bool store_listens_only_where_asked() noexcept;
 // A host's connection to the head's store; Error(timeout) naming the address when it cannot
 // reach it within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& address, std::uint16_t port,
