@@ -254,8 +254,8 @@ struct HostLink::Impl {
   LinkOptions options;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   // Slabs: one buffer to send from (under send_mu) and two to receive into (under recv_mu), one of
-  // which always has its receive posted (`slab_posted`) while the other is read; declared after
-  // `group` so that the posted receive goes before the group does.
+  // which has its receive posted from the first recv() on (`slab_posted`) while the other is read;
+  // declared after `group` so that the posted receive goes before the group does.
   std::vector<std::uint8_t> send_slab = std::vector<std::uint8_t>(kSlabBytes);
   std::array<std::vector<std::uint8_t>, 2> recv_slabs = {std::vector<std::uint8_t>(kSlabBytes),
                                                          std::vector<std::uint8_t>(kSlabBytes)};
@@ -342,7 +342,6 @@ HostLink::HostLink(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     opts->threads = 1;  // sends and receives wait on the caller's thread; one is enough
     auto scoped = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(scoped, rank, 2, opts);
-    impl_->post_slab(0);
   } catch (const std::exception& e) {
     const std::string what = failure_text(e);
     throw Error(link_failure_code(what) == Errc::timeout ? Errc::timeout : Errc::system,
@@ -433,6 +432,9 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
 Message HostLink::recv(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(impl_->recv_mu);
   impl_->check_usable();
+  // At the first receive, not when the link is made: a peer that joins and leaves at once (a
+  // host that declines its work) must not fail the making of the link, only its use.
+  if (!impl_->slab_work.defined()) impl_->post_slab(0);
   FrameBytes bytes{};
   std::vector<at::Tensor> frame = {
       at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte)};
