@@ -192,6 +192,18 @@ TEST_CASE(
   CHECK(s.workers[0].tasks_lost == 1);
   CHECK(s.workers[1].tasks_lost == 1);
   CHECK(pool.submit("square", {at::full({1}, 2.0)}).get()[0].item<double>() == 4.0);
+  // A restart counts once its process is ready: the square ran on the first one back, and the
+  // other may still be starting (spawned under TSan, it took seconds).
+  auto both_back = [&] {
+    for (const auto& w : pool.stats().workers) {
+      if (w.restarts != 1) return false;
+    }
+    return true;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!both_back() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
   for (const auto& w : pool.stats().workers) CHECK(w.restarts == 1);
 }
 
