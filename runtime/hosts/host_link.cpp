@@ -33,7 +33,7 @@ namespace ferry::hosts {
 namespace {
 
 constexpr int kTag = 0;      // frames, and payloads sent apart
-constexpr int kSlabTag = 1;  // slabs (host_frame.hpp), which have a receive posted at all times
+constexpr int kSlabTag = 1;  // slabs (host_frame.hpp), whose receive stays posted
 
 c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
                                     std::chrono::milliseconds timeout) {
@@ -60,17 +60,16 @@ struct HasUseLibUV : std::false_type {};
 template <class O>
 struct HasUseLibUV<O, std::void_t<decltype(std::declval<O&>().useLibUV)>> : std::true_type {};
 
-// Hands `fd` to the store's server where c10d can take it; false (and `fd` left alone) where not.
+// Hands `fd` to the store's server; called only where HasListenFd (a template, so that 1.13,
+// which lacks the fields, compiles it).
 template <class O>
-bool adopt_listener(O& options, int fd) {
+void adopt_listener(O& options, int fd) {
   if constexpr (HasListenFd<O>::value) {
     options.masterListenFd = fd;
     if constexpr (HasUseLibUV<O>::value) options.useLibUV = false;
-    return true;
   } else {
     (void)options;
     (void)fd;
-    return false;
   }
 }
 
@@ -411,12 +410,12 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
                          {static_cast<std::int64_t>(bytes.size())}, at::kByte),
            kTag, timeout, "sending a frame");
   if (carrier == Carrier::slab) {
-    std::uint8_t* at = impl_->send_slab.data();
+    std::uint8_t* to = impl_->send_slab.data();
     for (const at::Tensor& t : payload) {
-      if (t.nbytes() != 0) std::memcpy(at, t.data_ptr(), t.nbytes());
-      at += t.nbytes();
+      if (t.nbytes() != 0) std::memcpy(to, t.data_ptr(), t.nbytes());
+      to += t.nbytes();
     }
-    std::memset(at, 0, static_cast<std::size_t>(impl_->send_slab.data() + kSlabBytes - at));
+    std::memset(to, 0, static_cast<std::size_t>(impl_->send_slab.data() + kSlabBytes - to));
     send_one(slab_tensor(impl_->send_slab), kSlabTag,
              payload_wait(timeout, kSlabBytes, impl_->options.min_bytes_per_s), "sending a slab");
   } else if (carrier == Carrier::apart) {
