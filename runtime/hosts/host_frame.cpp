@@ -84,6 +84,13 @@ Carrier payload_carrier(std::uint64_t total, std::size_t room) noexcept {
   return Carrier::apart;
 }
 
+Carrier carrier_of(const Frame& f) {
+  if (!f.payload.empty()) return Carrier::frame;  // decode_frame checked that it is all of it
+  std::uint64_t total = 0;
+  for (const TensorShape& t : f.tensors) total += payload_bytes(t);
+  return payload_carrier(total, 0);
+}
+
 std::string result_body(bool ok, const std::string& error) {
   if (ok) return "ok";
   std::string body = "error: " + (error.empty() ? std::string("(no message)") : error);

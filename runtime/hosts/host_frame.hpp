@@ -11,10 +11,11 @@
 // Gloo send, not one plus one per tensor, each of which waits for the peer to post its receive.
 // That is most results and small tasks (a round trip of 4 KiB went from 3.3x plain Gloo's).
 // Payloads up to kSlabBytes follow in one slab of exactly that size, for which the receiver
-// keeps a receive posted at all times: a payload's own receive is posted only once its frame has
-// come, and the sender's data waits for word of it, one more trip across the link each way
-// (a 64 KiB round trip was 3.6x plain Gloo's). Larger payloads follow as one message per tensor,
-// where that trip costs little against the transfer. payload_carrier() decides, for both ends.
+// keeps a receive posted from its first receive on: a payload's own receive is posted only once its
+// frame has come, and the sender's data waits for word of it, one more trip across the link each
+// way (a 64 KiB round trip was 3.6x plain Gloo's). Larger payloads follow as one message per
+// tensor, where that trip costs little against the transfer. payload_carrier() decides for a
+// sender, carrier_of() reads a received frame by the same rule.
 //
 // Layout (little-endian, as both ends are the same build on the same architecture; a peer of the
 // other byte order fails the magic): magic, version, kind, tensor count, body length, sequence
@@ -49,8 +50,9 @@ const char* frame_kind_name(FrameKind k) noexcept;
 // on a host that cannot run them yet, and "hosts live" means hosts that can.
 inline constexpr const char* kStarting = "starting";
 
-// The fixed size of a slab (above): a 64 KiB tensor fits it exactly; padding a smaller payload to
-// it costs the link less than the trip it saves.
+// The fixed size of a slab (above): a 64 KiB tensor fits it exactly. Padding a smaller payload to
+// it cost the loopback less than the trip it saves (20 KiB: 2.5x plain Gloo's round trip before
+// slabs, 2.0x with; docs/multi-host.md); over a real network it costs the padding's wire time.
 inline constexpr std::size_t kSlabBytes = 65536;
 
 // How a message's payload travels with its frame.
@@ -100,6 +102,10 @@ FrameBytes encode_frame(const Frame& f);
 // without overflow), and an inline payload of exactly the tensors' bytes. Error(bad_record)
 // naming the first field that is wrong.
 Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes);
+
+// The carrier of a frame from decode_frame: in the frame when it came with its payload, else what
+// payload_carrier() gives a sender for the tensors' bytes.
+Carrier carrier_of(const Frame& f);
 
 // A result frame's body: "ok", or "error: " and the task's error, cut to fit kMaxFrameBody.
 std::string result_body(bool ok, const std::string& error);

@@ -448,10 +448,7 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     impl_->break_for(e.detail());  // what follows it cannot be told apart from a payload
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
-  std::uint64_t total = 0;
-  for (const TensorShape& shape : m.frame.tensors) total += payload_bytes(shape);
-  const Carrier carrier = payload_carrier(
-      total, m.frame.payload.empty() ? 0 : frame_room(m.frame.tensors.size(), m.frame.body.size()));
+  const Carrier carrier = carrier_of(m.frame);
   // The bytes the tensors are copied from, one after the other, unless they come apart.
   const std::uint8_t* carried = nullptr;
   if (carrier == Carrier::frame) {

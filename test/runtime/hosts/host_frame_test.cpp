@@ -136,6 +136,19 @@ TEST_CASE("hosts: a payload rides in the frame, in one slab, or apart, by its si
   CHECK(payload_carrier(4096, 0) == Carrier::slab);
   CHECK(payload_carrier(0, 0) == Carrier::none);
   CHECK(std::string(carrier_name(Carrier::slab)) == "slab");
+  // A receiver reads the carrier off the decoded frame by the same rule.
+  auto received = [](std::vector<TensorShape> tensors, std::string payload) {
+    Frame f;
+    f.tensors = std::move(tensors);
+    f.payload = std::move(payload);
+    return carrier_of(decode_frame(encode_frame(f), kNoLimit));
+  };
+  CHECK(received({}, "") == Carrier::none);
+  CHECK(received({{f32, {0, 3}}}, "") == Carrier::none);
+  CHECK(received({{f32, {2}}}, std::string(8, 'x')) == Carrier::frame);
+  CHECK(received({{f32, {2}}}, "") == Carrier::slab);  // the sender chose not to inline it
+  CHECK(received({{f32, {static_cast<std::int64_t>(kSlabBytes / 4)}}}, "") == Carrier::slab);
+  CHECK(received({{f32, {static_cast<std::int64_t>(kSlabBytes / 4) + 1}}}, "") == Carrier::apart);
 }
 
 TEST_CASE("host frame: a result's body says ok or carries the task's error, cut to fit") {
