@@ -14,6 +14,7 @@
 #include "ipc/error.hpp"
 #include "ipc/futex.hpp"
 #include "ipc/log.hpp"
+#include "ipc/peer_roles.hpp"
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/spin_policy.hpp"
@@ -33,10 +34,9 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
-// 2: max_messages and the message count; 3: the wake-up stamps
-constexpr std::uint32_t kVersion = 3;
-constexpr std::uint32_t kProducer = 1;
-constexpr std::uint32_t kConsumer = 2;
+// 2: max_messages and the message count; 3: the wake-up stamps; 4: holders and announced
+// children (ipc/peer_roles.hpp), dead entries' capabilities instead of their roles
+constexpr std::uint32_t kVersion = 4;
 constexpr std::size_t kParticipants = 32;
 constexpr std::size_t kSlotHeader = 8;
 // Waits are sliced so a waiter re-checks closing and peer death even if a wake is lost (a
@@ -95,8 +95,11 @@ struct RingHeader {
   std::atomic<std::int64_t> not_empty_woken_ns;
   std::atomic<std::int64_t> not_full_woken_ns;
   std::atomic<std::uint32_t> closed;
-  // Roles of dead participants whose entries were recycled: their death must still count.
-  std::atomic<std::uint32_t> dead_roles;
+  // What dead participants whose entries were recycled could do (kMayPush, kMayPop): their
+  // death must still count.
+  std::atomic<std::uint32_t> dead_capabilities;
+  // Children handed the channel that have not attached yet (announce(), hold(true)).
+  std::atomic<std::uint32_t> announced;
   alignas(64) std::atomic<std::uint64_t> participants[kParticipants];
 };
 
@@ -396,33 +399,60 @@ void Channel::register_role(std::uint32_t role) {
     std::uint64_t v = e.load(std::memory_order_acquire);
     if (v == 0 || process_alive(pid_of(v))) continue;
     // Published before the entry is recycled so a waiter never loses sight of that death.
-    header()->dead_roles.fetch_or(roles_of(v));
+    header()->dead_capabilities.fetch_or(capabilities(roles_of(v)));
     if (e.compare_exchange_strong(v, pack(self, role))) return done();
   }
-  ferry::log().warn(
-      "channel: all {} participant entries are held by live processes; process {} is not "
-      "registered, so peers waiting on it will time out rather than see peer_dead if it dies",
-      kParticipants, self);
+  if (role == kRoleHolder) {
+    // Every child forked while a Python queue exists holds it, most never use it: no warning
+    // for them. One that acts later tries again for its role, and warns then.
+    ferry::log().debug("channel: no participant entry free for holder {}", self);
+  } else {
+    ferry::log().warn(
+        "channel: all {} participant entries are held by live processes; process {} is not "
+        "registered, so peers waiting on it will time out rather than see peer_dead if it dies",
+        kParticipants, self);
+  }
   done();  // do not rescan the table on every operation
 }
 
-bool Channel::peers_with_role_dead(std::uint32_t role) const noexcept {
+void Channel::hold(bool announced) {
+  register_role(kRoleHolder);
+  if (!announced) return;
+  // Clamped at zero: a hold that no announce() counted must not hide another child's.
+  auto& count = header()->announced;
+  std::uint32_t n = count.load(std::memory_order_acquire);
+  while (n != 0 && !count.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+  }
+}
+
+void Channel::announce() noexcept {
+  header()->announced.fetch_add(1, std::memory_order_acq_rel);
+}
+
+bool Channel::counterpart_gone(Waiting waiting) const noexcept {
   const pid_t self = current_pid();
   const Header* h = header();
-  // This process holding the role counts as a live peer: another of its threads may serve.
-  if (registered_pid_.load(std::memory_order_relaxed) == self &&
-      (registered_roles_.load(std::memory_order_relaxed) & role)) {
-    return false;
+  const std::uint32_t needed = waiting == Waiting::pop ? kMayPush : kMayPop;
+  std::uint32_t self_roles = 0;
+  if (registered_pid_.load(std::memory_order_relaxed) == self) {
+    self_roles = registered_roles_.load(std::memory_order_relaxed);
   }
-  bool saw_dead = false;
+  std::vector<Participant> others;
+  others.reserve(kParticipants);
   for (const auto& e : h->participants) {
     const std::uint64_t v = e.load(std::memory_order_acquire);
-    if (!(roles_of(v) & role)) continue;
-    const pid_t pid = pid_of(v);
-    if (pid == self || process_alive(pid)) return false;
-    saw_dead = true;
+    if (v == 0) continue;
+    if (pid_of(v) == self) {
+      self_roles |= roles_of(v);  // another Channel object of this process, or this one
+      continue;
+    }
+    // Liveness reads /proc, so it is asked only where the rule looks at it.
+    const bool matters = (capabilities(roles_of(v)) & needed) != 0;
+    others.push_back({roles_of(v), matters && process_alive(pid_of(v))});
   }
-  return saw_dead || (h->dead_roles.load(std::memory_order_acquire) & role);
+  return ferry::counterpart_gone(waiting, self_roles, others,
+                                 h->dead_capabilities.load(std::memory_order_acquire),
+                                 h->announced.load(std::memory_order_acquire));
 }
 
 std::uint64_t Channel::push(const void* records, std::uint32_t count,
@@ -433,7 +463,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
                                             " records: a message holds 1 to capacity (" +
                                             std::to_string(h->capacity) + ") records");
   }
-  register_role(kProducer);
+  register_role(kRoleProducer);
   const auto* src = static_cast<const std::byte*>(records);
   const Deadline deadline(timeout);
   PeerCheck peer_check;
@@ -471,9 +501,10 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       return seq;
     }
     // Before the deadline: a wait that slept and runs out now still reports a death it sees.
-    if (peer_check.due() && peers_with_role_dead(kConsumer)) {
+    if (peer_check.due() && counterpart_gone(Waiting::push)) {
       throw Error(Errc::peer_dead,
-                  "push: the channel is full and every process that consumed from it has exited");
+                  "push: the channel is full and every process that popped from it, or could have, "
+                  "has exited");
     }
     if (deadline.passed()) {
       throw Error(
@@ -493,7 +524,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
 std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::milliseconds timeout,
                            const Claim& claim) {
   Header* h = header();
-  register_role(kConsumer);
+  register_role(kRoleConsumer);
   const Deadline deadline(timeout);
   PeerCheck peer_check;
   for (;;) {
@@ -531,14 +562,15 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       wake(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, popped);
       return popped;
     }
-    if (peer_check.due() && peers_with_role_dead(kProducer)) {
+    if (peer_check.due() && counterpart_gone(Waiting::pop)) {
       // A producer may have pushed its last message and exited after the ring was found empty
       // above: with every producer gone the ring can only have filled, so look once more.
       if (h->tail.load(std::memory_order_acquire) != h->head.load(std::memory_order_acquire)) {
         continue;
       }
       throw Error(Errc::peer_dead,
-                  "pop: the channel is empty and every process that pushed to it has exited");
+                  "pop: the channel is empty and every process that pushed to it, or could have, "
+                  "has exited");
     }
     if (deadline.passed()) {
       throw Error(Errc::timeout, "pop timed out after " + ms_text(timeout) +

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ipc/fd.hpp"
+#include "ipc/peer_roles.hpp"
 #include "ipc/spin_policy.hpp"
 
 namespace ferry {
@@ -48,7 +49,8 @@ class Channel {
 
   // Pushes a message of `count` records (1 <= count <= capacity) as one unit: consumers see all
   // of it or none. Blocks while the ring lacks room (records, or max_messages); throws
-  // Error(timeout), Error(closed), or Error(peer_dead) when every registered consumer has exited.
+  // Error(timeout), Error(closed), or Error(peer_dead) when every process that popped, or held
+  // the channel and could have, has exited (ipc/peer_roles.hpp has the rule).
   // Returns the message's sequence number (its first record's position since creation).
   std::uint64_t push(const void* records, std::uint32_t count, std::chrono::milliseconds timeout);
 
@@ -56,11 +58,20 @@ class Channel {
   // inside the critical section with the records and the message sequence number, before the pop
   // commits: what it records (leases) is in place before the message leaves the ring, and if the
   // caller dies there, the message stays. Throws Error(timeout), Error(closed) once closed and
-  // drained, or Error(peer_dead) when every registered producer has exited and the ring is empty.
+  // drained, or Error(peer_dead) when the ring is empty and every process that pushed, or held
+  // the channel and could have, has exited.
   using Claim =
       std::function<void(const std::byte* records, std::uint32_t count, std::uint64_t seq)>;
   std::uint32_t pop(std::vector<std::byte>& out, std::chrono::milliseconds timeout,
                     const Claim& claim = {});
+
+  // Counts this process as a holder: it may push or pop, and until it has done one of them,
+  // peers waiting on either side wait for it rather than report peer_dead. `announced`: this is
+  // the child an announce() counted, which this ends.
+  void hold(bool announced = false);
+  // Counts one process on its way to the channel (handed it, not holding it yet): until it holds,
+  // no waiter reports peer_dead. One that never arrives leaves waiters to their timeouts.
+  void announce() noexcept;
 
   // Closes the channel for every process: pushes fail at once, pops drain then fail. Idempotent.
   void close() noexcept;
@@ -89,7 +100,7 @@ class Channel {
   Header* header() const noexcept;
   std::byte* slot(std::uint64_t position) const noexcept;
   void register_role(std::uint32_t role);
-  bool peers_with_role_dead(std::uint32_t role) const noexcept;
+  bool counterpart_gone(Waiting waiting) const noexcept;
   std::shared_ptr<Segment> segment_;
   // This process's entry in the participants table, redone when a forked child first acts.
   std::atomic<std::uint32_t> registered_roles_{0};

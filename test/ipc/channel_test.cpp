@@ -685,6 +685,83 @@ TEST_CASE("channel reports peer_dead when the only peer on the other side is kil
   }
 }
 
+TEST_CASE("channel waits for a holder or an announced child before reporting peer_dead",
+          "[channel]") {
+  Children children;
+  Watchdog watchdog(60);
+  auto ch = make_channel(8);
+  std::vector<std::byte> out;
+
+  SECTION("a holder that has not pushed yet keeps a pop waiting after the only producer exits") {
+    ReadyPipe held;
+    pid_t holder = children.spawn([&] {
+      ch->hold();  // a late producer: it has the channel but has not pushed yet
+      held.signal();
+      ::pause();
+      return 0;
+    });
+    held.wait();
+    pid_t early = children.spawn([&] {
+      push_message(*ch, 1, 2);
+      return 0;
+    });
+    children.expect_success(early);
+    REQUIRE(pop_message(*ch) == 1);
+    REQUIRE(error_code([&] { ch->pop(out, 400ms); }) == Errc::timeout);
+    // Once the holder dies, nobody can push: the pop ends in peer_dead, not a hang.
+    ::kill(holder, SIGKILL);
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(error_code([&] { ch->pop(out, ferry::kForever); }) == Errc::peer_dead);
+    REQUIRE(seconds_since(t0) < 10);
+    children.kill_and_reap(holder);
+  }
+
+  SECTION("an announced child keeps a pop waiting until it arrives, and counts from then on") {
+    ch->announce();
+    pid_t early = children.spawn([&] {
+      push_message(*ch, 1, 1);
+      return 0;
+    });
+    children.expect_success(early);
+    REQUIRE(pop_message(*ch) == 1);
+    REQUIRE(error_code([&] { ch->pop(out, 400ms); }) == Errc::timeout);
+    ReadyPipe go;
+    pid_t late = children.spawn([&] {
+      ch->hold(/*announced=*/true);
+      go.wait();
+      push_message(*ch, 2, 3);
+      return 0;
+    });
+    // Arrived and holding, not pushed yet: still waited for.
+    REQUIRE(error_code([&] { ch->pop(out, 400ms); }) == Errc::timeout);
+    go.signal();
+    REQUIRE(pop_message(*ch) == 2);
+    children.expect_success(late);
+    REQUIRE(error_code([&] { ch->pop(out, 5s); }) == Errc::peer_dead);
+  }
+
+  SECTION("a holder that has only popped does not keep a pop waiting") {
+    ReadyPipe popped;
+    pid_t other = children.spawn([&] {
+      ch->hold();
+      pop_message(*ch);  // a consumer, not a producer-to-be
+      popped.signal();
+      ::pause();
+      return 0;
+    });
+    pid_t early = children.spawn([&] {
+      push_message(*ch, 1, 1);
+      push_message(*ch, 2, 1);
+      return 0;
+    });
+    popped.wait();
+    children.expect_success(early);
+    REQUIRE(pop_message(*ch) == 2);
+    REQUIRE(error_code([&] { ch->pop(out, 5s); }) == Errc::peer_dead);
+    children.kill_and_reap(other);
+  }
+}
+
 TEST_CASE("channel survives producers and consumers SIGKILLed at random instants",
           "[channel][kill]") {
   constexpr int kIterations = 200;

@@ -1,0 +1,45 @@
+// Who may still push to or pop from a channel: the rule behind Error(peer_dead).
+//
+// A process takes a role by acting: its first push makes it a producer, its first pop a
+// consumer. A process that holds the channel but has not acted yet (a child that attached it,
+// or was forked holding it) is a holder, and a holder may still do either. Children on their way
+// (handed the channel, not yet attached) are counted as announced. A waiter is told its
+// counterpart is gone only when no live process may still act on the other side; a child that
+// starts late is therefore waited for, not taken for dead because an early sibling exited.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ferry {
+
+// Roles a participant entry records, as bits.
+inline constexpr std::uint32_t kRoleProducer = 1;
+inline constexpr std::uint32_t kRoleConsumer = 2;
+inline constexpr std::uint32_t kRoleHolder = 4;
+
+// What a participant may still do, as bits: a holder may push until it has only popped, and pop
+// until it has only pushed.
+inline constexpr std::uint32_t kMayPush = 1;
+inline constexpr std::uint32_t kMayPop = 2;
+std::uint32_t capabilities(std::uint32_t roles) noexcept;
+
+// Which side the waiter is on: a pop waits for producers, a push for consumers.
+enum class Waiting : std::uint8_t { pop, push };
+
+// Another process in the participants table: its roles and whether it is alive.
+struct Participant {
+  std::uint32_t roles = 0;
+  bool alive = false;
+};
+
+// True when the waiter's counterpart is gone for good: the waiter itself cannot serve the other
+// side (another of its threads might), no child is announced, no live process may act on the
+// other side, and one that might have did exist and died (`others`, or `dead_capabilities`:
+// the capabilities of dead entries whose places were reused). Before anyone could have acted
+// on the other side, nothing is gone: the waiter waits.
+bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
+                      const std::vector<Participant>& others, std::uint32_t dead_capabilities,
+                      std::uint32_t announced) noexcept;
+
+}  // namespace ferry
