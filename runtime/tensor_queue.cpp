@@ -137,7 +137,7 @@ TensorQueue TensorQueue::create(const Options& options) {
   return TensorQueue(Channel::create(co));
 }
 
-TensorQueue TensorQueue::attach(int fd) {
+TensorQueue TensorQueue::attach(int fd, bool announced) {
   UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!own)
     throw_errno(Errc::invalid_argument, "TensorQueue::attach(" + std::to_string(fd) + ")", errno);
@@ -148,6 +148,7 @@ TensorQueue TensorQueue::attach(int fd) {
                                             std::to_string(channel->record_size()) +
                                             "), not a TensorQueue of this version");
   }
+  channel->hold(announced);
   return TensorQueue(std::move(channel));
 }
 
@@ -300,6 +301,12 @@ std::optional<Tensors> TensorQueue::try_recv(std::chrono::milliseconds timeout) 
   }
 }
 
+void TensorQueue::announce() noexcept {
+  channel_->announce();
+}
+void TensorQueue::hold(bool announced) {
+  channel_->hold(announced);
+}
 void TensorQueue::close() noexcept {
   channel_->close();
 }

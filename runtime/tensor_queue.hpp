@@ -48,8 +48,20 @@ class TensorQueue {
   // A new queue. Share it with children by fork, or by fd() and attach() across exec.
   static TensorQueue create(const Options& options);
   static TensorQueue create() { return create(Options{}); }
-  // Attaches to a queue from an fd inherited across exec (TensorQueue::fd() in the parent).
-  static TensorQueue attach(int fd);
+  // Attaches to a queue from an fd inherited across exec (TensorQueue::fd() in the parent). The
+  // process counts as one that may send or receive (hold()); `announced`: the parent called
+  // announce() for it.
+  static TensorQueue attach(int fd, bool announced = false);
+
+  // Who may still send or receive decides when a wait ends in peer_dead: a recv() on an empty
+  // queue fails only once every process that sent, or held the queue and could have, has exited,
+  // and no child is announced. A process takes a role by sending or receiving; until then one
+  // that attached, or called hold(), counts on both sides (ipc/peer_roles.hpp).
+  // announce(): one more child is on its way (call it before fork, or before handing fd() to a
+  // process that will attach); the child's hold(true) or attach(fd, true) ends it. A child that
+  // never arrives leaves waiters to their timeouts.
+  void announce() noexcept;
+  void hold(bool announced = false);
 
   struct SendOptions {
     // Copy every tensor instead of sharing it, so the receiver's view is independent of the
@@ -78,7 +90,7 @@ class TensorQueue {
   void set_receiver(pid_t pid, int cuda_device) noexcept;
 
   // Receives the oldest message. Throws ferry::Error: timeout, closed (closed and drained),
-  // peer_dead (every sender exited and the queue is empty), bad_record.
+  // peer_dead (the queue is empty and every sender exited: see announce()), bad_record.
   Tensors recv(std::chrono::milliseconds timeout = kForever);
 
   // Like recv(), but returns nullopt when `timeout` passes with no message.

@@ -18,8 +18,13 @@ void bind_queue(py::module_& m) {
           },
           py::arg("capacity"), py::arg("max_messages") = 0,
           "a new queue of `capacity` tensors in flight, `max_messages` messages (0: no bound)")
-      .def_static("attach", &TensorQueue::attach, py::arg("fd"),
-                  "the queue whose fd was inherited or received (the fd is duplicated)")
+      .def_static("attach", &TensorQueue::attach, py::arg("fd"), py::arg("announced") = false,
+                  "the queue whose fd was inherited or received (the fd is duplicated); "
+                  "`announced`: the sender of the fd announced this process")
+      .def("announce", &TensorQueue::announce,
+           "counts one process on its way to the queue (before a fork or a pickle)")
+      .def("hold", &TensorQueue::hold, py::arg("announced") = false,
+           "counts this process as one that may put or get; ends an announce() if `announced`")
       .def(
           "put",
           [](TensorQueue& q, const py::bytes& payload, const std::vector<at::Tensor>& bases,

@@ -38,6 +38,27 @@ def _hold(q_in, q_out):
     return held
 
 
+def _wait_for(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+class _Gate:
+    """Unpickles only once `path` exists: a spawned child that takes this long to start."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (_wait_for, (self.path,))
+
+
+def _put_when_told(gate, path, q, n):
+    _wait_for(path)
+    _put_and_exit(q, n)
+
+
 def _put_one_then_wait(q, ready):
     q.put(torch.ones(4))
     ready.put("sent")
@@ -206,6 +227,34 @@ def test_a_dead_producer_raises_peer_dead_instead_of_hanging():
     t0 = time.monotonic()
     with pytest.raises(ferry.PeerDead):
         q.get()  # no timeout: the death ends the wait
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_producer_that_starts_late_is_waited_for_after_an_early_one_exits(method, tmp_path):
+    # Several producers started together, one slow to start (spawn: still importing, the queue
+    # not attached yet; fork: not put yet): the early one's exit must not end the get.
+    ctx = mp.get_context(method)
+    q = ferry.Queue()
+    go = str(tmp_path / "go")
+    gate = _Gate(go) if method != "fork" else None
+    late = ctx.Process(target=_put_when_told, args=(gate, go, q, 3))
+    late.start()
+    early = ctx.Process(target=_put_and_exit, args=(q, 2))
+    early.start()
+    assert [q.get(timeout=60)["i"] for _ in range(2)] == [0, 1]
+    early.join(30)
+    assert early.exitcode == 0
+    with pytest.raises(queue.Empty):
+        q.get(timeout=1)  # waits: the late producer may still put
+    open(go, "w").close()
+    got = [q.get(timeout=60) for _ in range(3)]
+    assert [g["i"] for g in got] == [0, 1, 2]
+    late.join(30)
+    assert late.exitcode == 0
+    t0 = time.monotonic()
+    with pytest.raises(ferry.PeerDead):
+        q.get()  # both gone, nobody else holds it: no hang
     assert time.monotonic() - t0 < 5
 
 

@@ -2,6 +2,7 @@
 
 import os
 import queue as _stdqueue
+import weakref
 from multiprocessing.reduction import DupFd
 
 from . import _C
@@ -13,6 +14,25 @@ from ._exit import linger_at_exit
 # tensor each, at least 4096, at most a channel's 65535.
 _CAPACITY = 4096
 _MAX_CAPACITY = 65535
+
+
+# The queues of this process, so that a child forked while they exist counts as one that may put
+# or get from the start (as a child handed one by pickle does), not from its first put: a get does
+# not raise PeerDead because an early producer exited while a forked sibling had not put yet.
+_live = weakref.WeakSet()
+
+
+def _before_fork():
+    for q in list(_live):
+        q._q.announce()
+
+
+def _after_fork_in_child():
+    for q in list(_live):
+        q._q.hold(True)
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _seconds(block, timeout):
@@ -38,6 +58,7 @@ class Queue:
         capacity = min(_MAX_CAPACITY, max(_CAPACITY, 2 * int(maxsize)))
         self._q = _C.TensorQueue.create(capacity, int(maxsize))
         self._closed = False
+        _live.add(self)
 
     # -- multiprocessing.Queue ----------------------------------------------------------------
     def put(self, obj, block=True, timeout=None):
@@ -54,7 +75,8 @@ class Queue:
 
     def get(self, block=True, timeout=None):
         """The oldest object; blocks while empty, up to timeout (then queue.Empty). Raises
-        ferry.PeerDead when the queue is empty and every process that put into it has exited."""
+        ferry.PeerDead when the queue is empty and every process that put into it, or was given
+        it and could have, has exited."""
         seconds = _seconds(block, timeout)
         try:
             payload, bases = self._q.get(seconds)
@@ -102,16 +124,21 @@ class Queue:
     # -- handing it to a child ----------------------------------------------------------------
     def __getstate__(self):
         # DupFd passes the fd the way the start method needs: inherited by spawn, sent to the
-        # forkserver, or served over a socket when the queue travels some other way.
-        return {"fd": DupFd(self._q.fd())}
+        # forkserver, or served over a socket when the queue travels some other way. The child
+        # is announced now, so that until it has attached (a spawned child imports torch first)
+        # no get takes the queue's producers for all gone.
+        state = {"fd": DupFd(self._q.fd())}
+        self._q.announce()
+        return state
 
     def __setstate__(self, state):
         fd = state["fd"].detach()
         try:
-            self._q = _C.TensorQueue.attach(fd)
+            self._q = _C.TensorQueue.attach(fd, announced=True)
         finally:
             os.close(fd)
         self._closed = False
+        _live.add(self)
 
     def __repr__(self):
         return f"<ferry.Queue maxsize={self.maxsize} qsize={self.qsize()}>"
