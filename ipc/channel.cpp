@@ -35,7 +35,7 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
 // 2: max_messages and the message count; 3: the wake-up stamps; 4: holders and announced
-// children (ipc/peer_roles.hpp), dead entries' capabilities instead of their roles
+// children (ipc/peer_roles.hpp)
 constexpr std::uint32_t kVersion = 4;
 constexpr std::size_t kParticipants = 32;
 constexpr std::size_t kSlotHeader = 8;
@@ -95,9 +95,8 @@ struct RingHeader {
   std::atomic<std::int64_t> not_empty_woken_ns;
   std::atomic<std::int64_t> not_full_woken_ns;
   std::atomic<std::uint32_t> closed;
-  // What dead participants whose entries were recycled could do (kMayPush, kMayPop): their
-  // death must still count.
-  std::atomic<std::uint32_t> dead_capabilities;
+  // Roles of dead participants whose entries were recycled: their death must still count.
+  std::atomic<std::uint32_t> dead_roles;
   // Children handed the channel that have not attached yet (announce(), hold(true)).
   std::atomic<std::uint32_t> announced;
   alignas(64) std::atomic<std::uint64_t> participants[kParticipants];
@@ -399,7 +398,7 @@ void Channel::register_role(std::uint32_t role) {
     std::uint64_t v = e.load(std::memory_order_acquire);
     if (v == 0 || process_alive(pid_of(v))) continue;
     // Published before the entry is recycled so a waiter never loses sight of that death.
-    header()->dead_capabilities.fetch_or(capabilities(roles_of(v)));
+    header()->dead_roles.fetch_or(roles_of(v));
     if (e.compare_exchange_strong(v, pack(self, role))) return done();
   }
   if (role == kRoleHolder) {
@@ -429,7 +428,7 @@ void Channel::announce() noexcept {
   header()->announced.fetch_add(1, std::memory_order_acq_rel);
 }
 
-bool Channel::counterpart_gone(Waiting waiting) const noexcept {
+bool Channel::counterpart_gone(Waiting waiting) const {
   const pid_t self = current_pid();
   const Header* h = header();
   const std::uint32_t needed = waiting == Waiting::pop ? kMayPush : kMayPop;
@@ -446,12 +445,13 @@ bool Channel::counterpart_gone(Waiting waiting) const noexcept {
       self_roles |= roles_of(v);  // another Channel object of this process, or this one
       continue;
     }
-    // Liveness reads /proc, so it is asked only where the rule looks at it.
+    // Liveness reads /proc, so it is asked only where the rule looks at it (a process that
+    // acted on the other side may also act there).
     const bool matters = (capabilities(roles_of(v)) & needed) != 0;
     others.push_back({roles_of(v), matters && process_alive(pid_of(v))});
   }
   return ferry::counterpart_gone(waiting, self_roles, others,
-                                 h->dead_capabilities.load(std::memory_order_acquire),
+                                 h->dead_roles.load(std::memory_order_acquire),
                                  h->announced.load(std::memory_order_acquire));
 }
 

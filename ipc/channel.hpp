@@ -100,7 +100,7 @@ class Channel {
   Header* header() const noexcept;
   std::byte* slot(std::uint64_t position) const noexcept;
   void register_role(std::uint32_t role);
-  bool counterpart_gone(Waiting waiting) const noexcept;
+  bool counterpart_gone(Waiting waiting) const;
   std::shared_ptr<Segment> segment_;
   // This process's entry in the participants table, redone when a forked child first acts.
   std::atomic<std::uint32_t> registered_roles_{0};

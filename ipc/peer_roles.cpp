@@ -13,19 +13,21 @@ std::uint32_t capabilities(std::uint32_t roles) noexcept {
 }
 
 bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
-                      const std::vector<Participant>& others, std::uint32_t dead_capabilities,
+                      const std::vector<Participant>& others, std::uint32_t dead_roles,
                       std::uint32_t announced) noexcept {
-  const std::uint32_t needed = waiting == Waiting::pop ? kMayPush : kMayPop;
-  // Only an acted role counts for the waiter itself: it is inside a push or pop now, so it is
-  // no longer a mere holder, and its own role on the other side means another thread may serve.
-  const std::uint32_t acted = self_roles & (kRoleProducer | kRoleConsumer);
-  if (capabilities(acted) & needed) return false;
+  const std::uint32_t role = waiting == Waiting::pop ? kRoleProducer : kRoleConsumer;
+  const std::uint32_t may = waiting == Waiting::pop ? kMayPush : kMayPop;
+  // The waiter is inside a push or pop, so it is no mere holder; its own role on the other
+  // side means another of its threads may serve.
+  if (self_roles & role) return false;
   if (announced != 0) return false;
-  bool saw_dead = (dead_capabilities & needed) != 0;
+  bool saw_dead = (dead_roles & role) != 0;
   for (const Participant& p : others) {
-    if (!(capabilities(p.roles) & needed)) continue;
-    if (p.alive) return false;
-    saw_dead = true;
+    if (p.alive) {
+      if (capabilities(p.roles) & may) return false;
+    } else if (p.roles & role) {
+      saw_dead = true;
+    }
   }
   return saw_dead;
 }

@@ -33,13 +33,14 @@ struct Participant {
   bool alive = false;
 };
 
-// True when the waiter's counterpart is gone for good: the waiter itself cannot serve the other
-// side (another of its threads might), no child is announced, no live process may act on the
-// other side, and one that might have did exist and died (`others`, or `dead_capabilities`:
-// the capabilities of dead entries whose places were reused). Before anyone could have acted
-// on the other side, nothing is gone: the waiter waits.
+// True when the waiter's counterpart is gone for good: the waiter itself has not acted on the
+// other side (another of its threads might serve it), no child is announced, no live process
+// may act on the other side, and one that did act there has died (`others`, or `dead_roles`:
+// the roles of dead entries whose places were reused). A dead holder that never acted is no
+// such proof (a forked child that never used the queue): before anyone acted on the other
+// side, the waiter waits.
 bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
-                      const std::vector<Participant>& others, std::uint32_t dead_capabilities,
+                      const std::vector<Participant>& others, std::uint32_t dead_roles,
                       std::uint32_t announced) noexcept;
 
 }  // namespace ferry

@@ -740,6 +740,15 @@ TEST_CASE("channel waits for a holder or an announced child before reporting pee
     REQUIRE(error_code([&] { ch->pop(out, 5s); }) == Errc::peer_dead);
   }
 
+  SECTION("a holder that exits without pushing ends no wait: it proves no producer existed") {
+    pid_t unrelated = children.spawn([&] {
+      ch->hold();  // a child forked while the channel existed, which never used it
+      return 0;
+    });
+    children.expect_success(unrelated);
+    REQUIRE(error_code([&] { ch->pop(out, 400ms); }) == Errc::timeout);
+  }
+
   SECTION("a holder that has only popped does not keep a pop waiting") {
     ReadyPipe popped;
     pid_t other = children.spawn([&] {

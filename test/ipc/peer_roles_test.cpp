@@ -58,17 +58,20 @@ TEST_CASE("peer roles: a pop is told its producers are gone only when none can c
   SECTION("a live consumer is no producer: gone") {
     REQUIRE(counterpart_gone(Waiting::pop, me, {dead_producer, {kRoleConsumer, true}}, 0, 0));
   }
-  SECTION("a dead holder that never acted could have pushed: gone") {
-    REQUIRE(counterpart_gone(Waiting::pop, me, {{kRoleHolder, false}}, 0, 0));
+  SECTION("a dead holder that never pushed proves no producer existed: the pop waits") {
+    // A child forked while the queue existed, which never used it.
+    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {{kRoleHolder, false}}, 0, 0));
+    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {{kRoleHolder | kRoleConsumer, false}}, 0, 0));
+    REQUIRE(counterpart_gone(Waiting::pop, me, {{kRoleHolder | kRoleProducer, false}}, 0, 0));
   }
   SECTION("an announced child on its way: not gone, however many died") {
     REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {dead_producer}, 0, 1));
-    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {}, kMayPush, 3));
+    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {}, kRoleProducer, 3));
   }
   SECTION("a producer whose entry was reused still counts as one that died") {
-    REQUIRE(counterpart_gone(Waiting::pop, me, {}, kMayPush, 0));
-    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {}, kMayPop, 0));
-    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {live_producer}, kMayPush, 0));
+    REQUIRE(counterpart_gone(Waiting::pop, me, {}, kRoleProducer, 0));
+    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {}, kRoleConsumer | kRoleHolder, 0));
+    REQUIRE_FALSE(counterpart_gone(Waiting::pop, me, {live_producer}, kRoleProducer, 0));
   }
   SECTION("the waiter that also pushes may serve itself from another thread: not gone") {
     REQUIRE_FALSE(counterpart_gone(Waiting::pop, me | kRoleProducer, {dead_producer}, 0, 0));
@@ -103,7 +106,10 @@ TEST_CASE("peer roles: a push is told its consumers are gone only when none can 
     REQUIRE_FALSE(counterpart_gone(Waiting::push, me, {dead_consumer}, 0, 1));
   }
   SECTION("a consumer whose entry was reused still counts as one that died") {
-    REQUIRE(counterpart_gone(Waiting::push, me, {}, kMayPop, 0));
+    REQUIRE(counterpart_gone(Waiting::push, me, {}, kRoleConsumer, 0));
+  }
+  SECTION("a dead holder that never popped proves no consumer existed: the push waits") {
+    REQUIRE_FALSE(counterpart_gone(Waiting::push, me, {{kRoleHolder, false}}, 0, 0));
   }
   SECTION("the waiter that also pops: not gone") {
     REQUIRE_FALSE(counterpart_gone(Waiting::push, me | kRoleConsumer, {dead_consumer}, 0, 0));
