@@ -10,8 +10,9 @@ namespace ferry::hosts {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x4b4e494c'59525246ull;  // "FRRYLINK" little-endian
-// 2: 8 KiB, 64 tensors; 3: 16 KiB, inline payloads; 4: slabs
-constexpr std::uint32_t kVersion = 4;
+// 2: 8 KiB, 64 tensors; 3: 16 KiB, inline payloads; 4: slabs; 5: wide frames announced
+constexpr std::uint32_t kVersion = 5;
+constexpr std::uint32_t kNextWide = 1;  // Head::flags
 
 // The fixed part, then one entry per tensor, the body, and the inline payloads.
 struct Head {
@@ -22,7 +23,7 @@ struct Head {
   std::uint16_t body_bytes;
   std::uint64_t seq;
   std::uint32_t inline_bytes;
-  std::uint32_t pad;
+  std::uint32_t flags;
 };
 struct Entry {
   std::uint8_t dtype;
@@ -82,6 +83,16 @@ Carrier payload_carrier(std::uint64_t total, std::size_t room) noexcept {
   if (total <= room) return Carrier::frame;
   if (total <= kSlabBytes) return Carrier::slab;
   return Carrier::apart;
+}
+
+MessagePlan plan_message(Carrier carrier, bool announced_wide) noexcept {
+  MessagePlan p;
+  p.wide = announced_wide;  // the receiver has posted that size: anything else would abort it
+  const bool slab = carrier == Carrier::slab;
+  p.slab_in_frame = slab && p.wide;
+  p.slab_apart = slab && !p.wide;
+  p.announce_wide = slab;
+  return p;
 }
 
 Carrier carrier_of(const Frame& f) {
@@ -157,7 +168,7 @@ FrameBytes encode_frame(const Frame& f) {
                   static_cast<std::uint16_t>(f.body.size()),
                   f.seq,
                   static_cast<std::uint32_t>(f.payload.size()),
-                  0};
+                  f.next_wide ? kNextWide : 0};
   std::memcpy(out.data(), &head, sizeof head);
   for (std::size_t i = 0; i < f.tensors.size(); ++i) {
     const TensorShape& t = f.tensors[i];
@@ -195,9 +206,11 @@ Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes) {
   if (!known_kind(head.kind)) bad("unknown kind " + std::to_string(head.kind));
   if (head.tensors > kMaxFrameTensors) bad(std::to_string(head.tensors) + " tensors");
   if (head.body_bytes > kMaxFrameBody) bad("a body of " + std::to_string(head.body_bytes));
+  if ((head.flags & ~kNextWide) != 0) bad("unknown flags " + std::to_string(head.flags));
   Frame f;
   f.kind = static_cast<FrameKind>(head.kind);
   f.seq = head.seq;
+  f.next_wide = (head.flags & kNextWide) != 0;
   const std::size_t at = body_at(head.tensors);
   f.body.assign(reinterpret_cast<const char*>(bytes.data() + at), head.body_bytes);
   std::uint64_t total = 0;

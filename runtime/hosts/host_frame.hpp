@@ -17,10 +17,18 @@
 // tensor, where that trip costs little against the transfer. payload_carrier() decides for a
 // sender, carrier_of() reads a received frame by the same rule.
 //
+// A slab behind its frame is still a second Gloo message each way. So each frame also announces
+// whether the sender's next frame will be wide (Frame::next_wide): a frame with a slab's room
+// behind it, sent as one message of kWideFrameBytes, for which the receiver posts exactly that
+// size. A sender announces a wide frame after a message that went in a slab (plan_message()), as
+// a stream of tasks or results tends to go on as it went: in steady state a 64 KiB payload costs
+// one message, not two; the message that changes the stream's size class pays once (a slab apart,
+// or a wide frame's padding).
+//
 // Layout (little-endian, as both ends are the same build on the same architecture; a peer of the
 // other byte order fails the magic): magic, version, kind, tensor count, body length, sequence
-// number, inline payload bytes, then one entry per tensor (dtype, rank, sizes), the body, and the
-// inline payloads one after the other.
+// number, inline payload bytes, flags (bit 0: the next frame is wide), then one entry per tensor
+// (dtype, rank, sizes), the body, and the inline payloads one after the other.
 #pragma once
 
 #include <array>
@@ -64,6 +72,19 @@ enum class Carrier : std::uint8_t {
 };
 const char* carrier_name(Carrier c) noexcept;
 
+// A wide frame: the frame, then a slab's room, in one message.
+inline constexpr std::size_t kWideFrameBytes = kFrameBytes + kSlabBytes;
+
+// How a sender puts one message on the link, given the carrier of its payload and whether its
+// last frame announced this one as wide.
+struct MessagePlan {
+  bool wide = false;           // the frame goes as kWideFrameBytes (as announced), else kFrameBytes
+  bool slab_in_frame = false;  // a slab carrier's payload fills the wide frame's slab room
+  bool slab_apart = false;     // a slab carrier's payload follows as a slab message of its own
+  bool announce_wide = false;  // this frame's next_wide: the sender's next frame will be wide
+};
+MessagePlan plan_message(Carrier carrier, bool announced_wide) noexcept;
+
 // The carrier for `total` payload bytes in a frame with `room` bytes left for them
 // (frame_room()). A sender passes the frame's room; a receiver passes the room of a frame that
 // came without an inline payload as 0, and so expects what its sender chose.
@@ -84,6 +105,8 @@ struct Frame {
   // The tensors' bytes one after the other when they ride in the frame (at most frame_room());
   // empty when they follow it as payloads of their own.
   std::string payload;
+  // The sender's next frame is wide (kWideFrameBytes): its receiver posts that size next.
+  bool next_wide = false;
 };
 
 // The bytes a frame with `tensors` tensors and a body of `body_bytes` has left for inline
@@ -104,7 +127,8 @@ FrameBytes encode_frame(const Frame& f);
 Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes);
 
 // The carrier of a frame from decode_frame: in the frame when it came with its payload, else what
-// payload_carrier() gives a sender for the tensors' bytes.
+// payload_carrier() gives a sender for the tensors' bytes. A slab is in the frame's own slab room
+// when the frame came wide, else it follows apart (plan_message()).
 Carrier carrier_of(const Frame& f);
 
 // A result frame's body: "ok", or "error: " and the task's error, cut to fit kMaxFrameBody.

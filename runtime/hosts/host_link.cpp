@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -243,8 +244,31 @@ std::uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store) {
 using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().recv(
     std::declval<std::vector<at::Tensor>&>(), 0, 0));
 
+at::Tensor bytes_tensor(void* data, std::size_t n) {
+  return at::from_blob(data, {static_cast<std::int64_t>(n)}, at::kByte);
+}
+
 at::Tensor slab_tensor(std::vector<std::uint8_t>& bytes) {
-  return at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte);
+  return bytes_tensor(bytes.data(), bytes.size());
+}
+
+// A frame and the slab room behind it, one buffer: a frame alone is its first kFrameBytes, a
+// wide frame all of it (host_frame.hpp).
+struct WideFrame {
+  FrameBytes frame;
+  std::array<std::uint8_t, kSlabBytes> slab;
+};
+static_assert(sizeof(WideFrame) == kWideFrameBytes && offsetof(WideFrame, slab) == kFrameBytes,
+              "a wide frame is a frame and a slab, back to back");
+
+// The bytes a sender puts in a slab: the payloads one after the other, then zeros.
+void fill_slab(std::uint8_t* slab, const std::vector<at::Tensor>& payload) {
+  std::uint8_t* to = slab;
+  for (const at::Tensor& t : payload) {
+    if (t.nbytes() != 0) std::memcpy(to, t.data_ptr(), t.nbytes());
+    to += t.nbytes();
+  }
+  std::memset(to, 0, static_cast<std::size_t>(slab + kSlabBytes - to));
 }
 
 struct HostLink::Impl {
@@ -252,10 +276,16 @@ struct HostLink::Impl {
   int peer = 0;
   LinkOptions options;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-  // Slabs: one buffer to send from (under send_mu) and two to receive into (under recv_mu), one of
-  // which has its receive posted from the first recv() on (`slab_posted`) while the other is read;
-  // declared after `group` so that the posted receive goes before the group does.
-  std::vector<std::uint8_t> send_slab = std::vector<std::uint8_t>(kSlabBytes);
+  // A frame (and its slab, wide or apart) is sent from `sending`, under send_mu, and received
+  // into `receiving`, under recv_mu. Whether this side's last frame announced its next as wide,
+  // and whether the peer's did.
+  std::unique_ptr<WideFrame> sending = std::make_unique<WideFrame>();
+  std::unique_ptr<WideFrame> receiving = std::make_unique<WideFrame>();
+  bool announced_wide = false;
+  bool expect_wide = false;
+  // Slabs apart: two buffers to receive into (under recv_mu), one of which has its receive
+  // posted from the first recv() on (`slab_posted`) while the other is read; declared after
+  // `group` so that the posted receive goes before the group does.
   std::array<std::vector<std::uint8_t>, 2> recv_slabs = {std::vector<std::uint8_t>(kSlabBytes),
                                                          std::vector<std::uint8_t>(kSlabBytes)};
   int slab_posted = 0;
@@ -394,36 +424,36 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
       if (t.nbytes() != 0) f.payload.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
     }
   }
-  const FrameBytes bytes = encode_frame(f);  // before anything is sent: a refusal breaks nothing
 
   std::lock_guard<std::mutex> lock(impl_->send_mu);
   impl_->check_usable();
+  const MessagePlan plan = plan_message(carrier, impl_->announced_wide);
+  f.next_wide = plan.announce_wide;
+  WideFrame& out = *impl_->sending;
+  out.frame = encode_frame(f);  // before anything is sent: a refusal breaks nothing
+  if (carrier == Carrier::slab) {
+    fill_slab(out.slab.data(), payload);
+  } else if (plan.wide) {
+    fill_slab(out.slab.data(), {});
+  }
   const auto timeout = impl_->options.timeout;
   // Each message is waited for before the next is posted: posting the frame's and the slab's
   // sends together and then waiting for both cost a stream of 64 KiB messages half its bandwidth
   // in interleaved runs (host_link_test cannot tell; ferry-hosts-bench can).
-  auto send_one = [&](at::Tensor t, int tag, std::chrono::milliseconds wait, const char* doing) {
+  auto send_one = [&](at::Tensor t, int tag, const char* doing) {
+    const auto wait = payload_wait(timeout, t.nbytes(), impl_->options.min_bytes_per_s);
     std::vector<at::Tensor> one = {std::move(t)};
     impl_->wait_for([&] { return impl_->group->send(one, impl_->peer, tag); }, wait, doing);
   };
-  send_one(at::from_blob(const_cast<std::uint8_t*>(bytes.data()),
-                         {static_cast<std::int64_t>(bytes.size())}, at::kByte),
-           kTag, timeout, "sending a frame");
-  if (carrier == Carrier::slab) {
-    std::uint8_t* to = impl_->send_slab.data();
-    for (const at::Tensor& t : payload) {
-      if (t.nbytes() != 0) std::memcpy(to, t.data_ptr(), t.nbytes());
-      to += t.nbytes();
-    }
-    std::memset(to, 0, static_cast<std::size_t>(impl_->send_slab.data() + kSlabBytes - to));
-    send_one(slab_tensor(impl_->send_slab), kSlabTag,
-             payload_wait(timeout, kSlabBytes, impl_->options.min_bytes_per_s), "sending a slab");
+  send_one(bytes_tensor(&out, plan.wide ? kWideFrameBytes : kFrameBytes), kTag,
+           plan.wide ? "sending a wide frame" : "sending a frame");
+  impl_->announced_wide = plan.announce_wide;
+  if (plan.slab_apart) {
+    send_one(bytes_tensor(out.slab.data(), kSlabBytes), kSlabTag, "sending a slab");
   } else if (carrier == Carrier::apart) {
     for (const at::Tensor& t : payload) {
-      const auto n = static_cast<std::uint64_t>(t.nbytes());
-      if (n == 0) continue;  // nothing to send; the receiver skips it too
-      send_one(t, kTag, payload_wait(timeout, n, impl_->options.min_bytes_per_s),
-               "sending a payload");
+      if (t.nbytes() == 0) continue;  // nothing to send; the receiver skips it too
+      send_one(t, kTag, "sending a payload");
     }
   }
 }
@@ -434,27 +464,28 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
   // At the first receive, not when the link is made: a peer that joins and leaves at once (a
   // host that declines its work) must not fail the making of the link, only its use.
   if (!impl_->slab_work.defined()) impl_->post_slab(0);
-  FrameBytes bytes{};
-  std::vector<at::Tensor> frame = {
-      at::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, at::kByte)};
+  WideFrame& in = *impl_->receiving;
+  const bool wide = impl_->expect_wide;
+  std::vector<at::Tensor> frame = {bytes_tensor(&in, wide ? kWideFrameBytes : kFrameBytes)};
   impl_->wait_for([&] { return impl_->group->recv(frame, impl_->peer, kTag); }, timeout,
-                  "waiting for a frame");
+                  wide ? "waiting for a wide frame" : "waiting for a frame");
   Message m;
   std::vector<at::ScalarType> dtypes;
   try {
-    m.frame = decode_frame(bytes, impl_->options.max_payload_bytes);
+    m.frame = decode_frame(in.frame, impl_->options.max_payload_bytes);
     for (const TensorShape& shape : m.frame.tensors) dtypes.push_back(from_wire_dtype(shape.dtype));
   } catch (const Error& e) {
     impl_->break_for(e.detail());  // what follows it cannot be told apart from a payload
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
+  impl_->expect_wide = m.frame.next_wide;
   const Carrier carrier = carrier_of(m.frame);
   // The bytes the tensors are copied from, one after the other, unless they come apart.
   const std::uint8_t* carried = nullptr;
   if (carrier == Carrier::frame) {
     carried = reinterpret_cast<const std::uint8_t*>(m.frame.payload.data());
   } else if (carrier == Carrier::slab) {
-    carried = impl_->take_slab().data();
+    carried = wide ? in.slab.data() : impl_->take_slab().data();
   }
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
     const auto& sizes = m.frame.tensors[i].sizes;

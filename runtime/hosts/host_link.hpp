@@ -8,9 +8,11 @@
 //
 // The rules a user of a link relies on:
 // - a message is a frame (host_frame.hpp) and the payload tensors it describes, sent and received
-//   in order, in the frame, in one slab or apart (payload_carrier()); the receiver checks the
-//   frame before posting a payload's receives, and a slab's receive is always exactly
-//   kSlabBytes, so a bad peer gets Error(bad_record), never a receive of the wrong size (which
+//   in order, in the frame, in one slab (behind a wide frame, or apart) or apart
+//   (plan_message()); the receiver checks the frame before posting a payload's receives, a
+//   frame's receive is exactly kFrameBytes or, where the peer's last frame announced it,
+//   kWideFrameBytes, and a slab's receive is always exactly kSlabBytes, so a bad peer gets
+//   Error(bad_record), never a receive of a size it did not announce (one of the wrong size
 //   would abort this process);
 // - any failure breaks the link for good (Gloo closes the pair after a timeout, and a host that
 //   failed once is treated as lost): the call throws Error(peer_dead) when the peer's connection

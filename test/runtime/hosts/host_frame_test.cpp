@@ -67,7 +67,7 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
   f.tensors = {{f32, {1024}}};
   const FrameBytes good = encode_frame(f);
   // The fixed part: magic 0-7, version 8-11, kind 12, tensor count 13, body length 14-15,
-  // sequence 16-23, inline bytes 24-27; the first entry at 32: dtype, rank, then sizes at 40.
+  // sequence 16-23, inline bytes 24-27, flags 28-31; the first entry at 32: dtype, rank, then sizes at 40.
   auto damaged = [&](std::size_t at, std::uint8_t value) {
     FrameBytes b = good;
     b[at] = value;
@@ -149,6 +149,46 @@ TEST_CASE("hosts: a payload rides in the frame, in one slab, or apart, by its si
   CHECK(received({{f32, {2}}}, "") == Carrier::slab);  // the sender chose not to inline it
   CHECK(received({{f32, {static_cast<std::int64_t>(kSlabBytes / 4)}}}, "") == Carrier::slab);
   CHECK(received({{f32, {static_cast<std::int64_t>(kSlabBytes / 4) + 1}}}, "") == Carrier::apart);
+}
+
+TEST_CASE("hosts: a frame goes wide as its sender announced, and announces wide after a slab",
+          "[multihost]") {
+  using P = MessagePlan;
+  auto plan = [](Carrier c, bool announced) {
+    const P p = plan_message(c, announced);
+    return std::vector<bool>{p.wide, p.slab_in_frame, p.slab_apart, p.announce_wide};
+  };
+  // Announced narrow: a slab follows apart, and the next frame is announced wide.
+  CHECK(plan(Carrier::none, false) == std::vector<bool>{false, false, false, false});
+  CHECK(plan(Carrier::frame, false) == std::vector<bool>{false, false, false, false});
+  CHECK(plan(Carrier::slab, false) == std::vector<bool>{false, false, true, true});
+  CHECK(plan(Carrier::apart, false) == std::vector<bool>{false, false, false, false});
+  // Announced wide: the frame goes wide whatever it carries (the receiver posted that size); a
+  // slab fills its room and keeps the stream wide, anything else pads it and ends the stream.
+  CHECK(plan(Carrier::none, true) == std::vector<bool>{true, false, false, false});
+  CHECK(plan(Carrier::frame, true) == std::vector<bool>{true, false, false, false});
+  CHECK(plan(Carrier::slab, true) == std::vector<bool>{true, true, false, true});
+  CHECK(plan(Carrier::apart, true) == std::vector<bool>{true, false, false, false});
+  CHECK(kWideFrameBytes == kFrameBytes + kSlabBytes);
+}
+
+TEST_CASE("hosts: a frame's announcement of a wide next frame survives encoding, and unknown "
+          "flags are refused",
+          "[multihost]") {
+  Frame f;
+  f.kind = FrameKind::result;
+  f.tensors = {{f32, {4096}}};
+  CHECK_FALSE(decode_frame(encode_frame(f), kNoLimit).next_wide);
+  f.next_wide = true;
+  const FrameBytes wide = encode_frame(f);
+  CHECK(decode_frame(wide, kNoLimit).next_wide);
+  // Flags at 28-31: bit 0 is the only one known.
+  FrameBytes unknown = wide;
+  unknown[28] = 0x03;
+  CHECK(code_of_decode(unknown) == Errc::bad_record);
+  unknown[28] = 0x01;
+  unknown[31] = 0x80;
+  CHECK(code_of_decode(unknown) == Errc::bad_record);
 }
 
 TEST_CASE("host frame: a result's body says ok or carries the task's error, cut to fit") {

@@ -142,13 +142,13 @@ TEST_CASE("hosts: tensors cross a link intact and in order, both ways", "[multih
 
 TEST_CASE("hosts: payloads up to a slab, and just over it, cross intact and in order",
           "[multihost]") {
-  // The host echoes each task's tensors plus one; it is slow to take the first three, so their
-  // slabs queue up behind the one receive it keeps posted.
+  // The host echoes each task's tensors plus one; it is slow to take the first four, so the slabs
+  // sent apart among them queue up behind the one receive it keeps posted.
   test::ForkedHost peer(as_host([](HostLink& link) {
     for (int n = 0;; ++n) {
       Message m = link.recv(10s);
       if (m.frame.kind == FrameKind::bye) return 0;
-      if (n < 3) std::this_thread::sleep_for(50ms);
+      if (n < 4) std::this_thread::sleep_for(50ms);
       std::vector<at::Tensor> out;
       for (const at::Tensor& t : m.tensors) out.push_back(t + 1);
       link.send(FrameKind::result, m.frame.seq, "ok", out);
@@ -162,15 +162,21 @@ TEST_CASE("hosts: payloads up to a slab, and just over it, cross intact and in o
   auto floats = [](std::int64_t n, double from) {
     return at::arange(from, from + static_cast<double>(n), at::kFloat);
   };
+  // Each message changes how the next frame goes (host_frame.hpp): a slab apart announces a wide
+  // frame, a slab in a wide frame keeps the stream wide, anything else in a wide frame ends it.
+  // The results go back the same way, so both directions run through every case.
   const std::vector<std::vector<at::Tensor>> tasks = {
-      {floats(slab_floats, 0)},                      // exactly one slab
-      {floats(5000, 1)},                             // 20 KB: more than the frame holds
-      {floats(slab_floats - 8, 2), floats(8, 3)},    // two tensors filling one slab
-      {floats(slab_floats + 1, 4)},                  // one float over: apart
-      {floats(100, 5)},                              // in the frame
-      {floats(9000, 6), at::empty({0}, at::kFloat),  // a slab with an empty tensor in it
+      {floats(slab_floats, 0)},                    // exactly one slab, apart
+      {floats(5000, 1)},                           // 20 KB, more than the frame holds: wide
+      {},                                          // nothing: a wide frame's padding
+      {floats(slab_floats - 8, 2), floats(8, 3)},  // two tensors filling one slab, apart
+      {floats(slab_floats + 1, 4)},                // one float over: a wide frame, then apart
+      {floats(100, 5)},                            // in the frame
+      {floats(9000, 6), at::empty({0}, at::kFloat),  // a slab with an empty tensor in it, apart
        at::arange(7, at::kLong)},
-      {floats(slab_floats, 7)},  // a slab after one apart and one inline
+      {floats(slab_floats, 7)},  // wide
+      {floats(10, 8)},           // in a wide frame's frame
+      {floats(slab_floats, 9)},  // apart again
   };
   std::vector<Message> results;
   std::string receive_error;
