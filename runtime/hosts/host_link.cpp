@@ -33,8 +33,11 @@
 namespace ferry::hosts {
 namespace {
 
-constexpr int kTag = 0;      // frames, and payloads sent apart
-constexpr int kSlabTag = 1;  // slabs (host_frame.hpp), whose receive stays posted
+// Gloo matches a pair's messages to receives per tag, in order: frames have a tag of their own,
+// so that the next frame's receive can be posted before this one's payloads are.
+constexpr int kFrameTag = 0;    // frames, whose receive stays posted
+constexpr int kSlabTag = 1;     // slabs apart (host_frame.hpp), whose receive stays posted
+constexpr int kPayloadTag = 2;  // payloads apart, whose receives are posted once their frame came
 
 c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
                                     std::chrono::milliseconds timeout) {
@@ -248,10 +251,6 @@ at::Tensor bytes_tensor(void* data, std::size_t n) {
   return at::from_blob(data, {static_cast<std::int64_t>(n)}, at::kByte);
 }
 
-at::Tensor slab_tensor(std::vector<std::uint8_t>& bytes) {
-  return bytes_tensor(bytes.data(), bytes.size());
-}
-
 // A frame and the slab room behind it, one buffer: a frame alone is its first kFrameBytes, a
 // wide frame all of it (host_frame.hpp).
 struct WideFrame {
@@ -276,16 +275,20 @@ struct HostLink::Impl {
   int peer = 0;
   LinkOptions options;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-  // A frame (and its slab, wide or apart) is sent from `sending`, under send_mu, and received
-  // into `receiving`, under recv_mu. Whether this side's last frame announced its next as wide,
-  // and whether the peer's did.
+  // A frame (and its slab, wide or apart) is sent from `sending`, under send_mu; `announced_wide`:
+  // whether this side's last frame announced its next as wide.
   std::unique_ptr<WideFrame> sending = std::make_unique<WideFrame>();
-  std::unique_ptr<WideFrame> receiving = std::make_unique<WideFrame>();
   bool announced_wide = false;
-  bool expect_wide = false;
-  // Slabs apart: two buffers to receive into (under recv_mu), one of which has its receive
-  // posted from the first recv() on (`slab_posted`) while the other is read; declared after
-  // `group` so that the posted receive goes before the group does.
+  // Frames and slabs apart are received into two buffers each (under recv_mu), one of which has
+  // its receive posted from the first recv() on while the other is read: what the peer sends
+  // next finds its receive posted, and does not wait for word of it. A frame's receive is posted
+  // as wide as the frame before it announced (`frame_wide`). Declared after `group` so that the
+  // posted receives go before the group does.
+  std::array<std::unique_ptr<WideFrame>, 2> recv_frames = {std::make_unique<WideFrame>(),
+                                                           std::make_unique<WideFrame>()};
+  int frame_posted = 0;
+  bool frame_wide = false;
+  WorkPtr frame_work;
   std::array<std::vector<std::uint8_t>, 2> recv_slabs = {std::vector<std::uint8_t>(kSlabBytes),
                                                          std::vector<std::uint8_t>(kSlabBytes)};
   int slab_posted = 0;
@@ -330,14 +333,27 @@ struct HostLink::Impl {
     }
   }
 
+  // Posts a receive of `n` bytes into `data` for the peer's next message on `tag`.
+  WorkPtr post(void* data, std::size_t n, int tag, const char* doing) {
+    std::vector<at::Tensor> one = {bytes_tensor(data, n)};
+    try {
+      return group->recv(one, peer, tag);
+    } catch (const std::exception& e) {
+      fail(e, doing);
+    }
+  }
+
+  // Posts the receive of the next frame, `wide` or not, into recv_frames[which].
+  void post_frame(int which, bool wide) {
+    frame_work = post(recv_frames[which].get(), wide ? kWideFrameBytes : kFrameBytes, kFrameTag,
+                      "posting a frame's receive");
+    frame_posted = which;
+    frame_wide = wide;
+  }
+
   // Posts the receive of the next slab into recv_slabs[which].
   void post_slab(int which) {
-    std::vector<at::Tensor> one = {slab_tensor(recv_slabs[which])};
-    try {
-      slab_work = group->recv(one, peer, kSlabTag);
-    } catch (const std::exception& e) {
-      fail(e, "posting a slab's receive");
-    }
+    slab_work = post(recv_slabs[which].data(), kSlabBytes, kSlabTag, "posting a slab's receive");
     slab_posted = which;
   }
 
@@ -445,7 +461,7 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
     std::vector<at::Tensor> one = {std::move(t)};
     impl_->wait_for([&] { return impl_->group->send(one, impl_->peer, tag); }, wait, doing);
   };
-  send_one(bytes_tensor(&out, plan.wide ? kWideFrameBytes : kFrameBytes), kTag,
+  send_one(bytes_tensor(&out, plan.wide ? kWideFrameBytes : kFrameBytes), kFrameTag,
            plan.wide ? "sending a wide frame" : "sending a frame");
   impl_->announced_wide = plan.announce_wide;
   if (plan.slab_apart) {
@@ -453,7 +469,7 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
   } else if (carrier == Carrier::apart) {
     for (const at::Tensor& t : payload) {
       if (t.nbytes() == 0) continue;  // nothing to send; the receiver skips it too
-      send_one(t, kTag, "sending a payload");
+      send_one(t, kPayloadTag, "sending a payload");
     }
   }
 }
@@ -463,12 +479,15 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
   impl_->check_usable();
   // At the first receive, not when the link is made: a peer that joins and leaves at once (a
   // host that declines its work) must not fail the making of the link, only its use.
-  if (!impl_->slab_work.defined()) impl_->post_slab(0);
-  WideFrame& in = *impl_->receiving;
-  const bool wide = impl_->expect_wide;
-  std::vector<at::Tensor> frame = {bytes_tensor(&in, wide ? kWideFrameBytes : kFrameBytes)};
-  impl_->wait_for([&] { return impl_->group->recv(frame, impl_->peer, kTag); }, timeout,
+  if (!impl_->frame_work.defined()) {
+    impl_->post_slab(0);
+    impl_->post_frame(0, false);
+  }
+  const int full = impl_->frame_posted;
+  const bool wide = impl_->frame_wide;
+  impl_->wait_for([&] { return impl_->frame_work; }, timeout,
                   wide ? "waiting for a wide frame" : "waiting for a frame");
+  const WideFrame& in = *impl_->recv_frames[full];
   Message m;
   std::vector<at::ScalarType> dtypes;
   try {
@@ -478,7 +497,8 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     impl_->break_for(e.detail());  // what follows it cannot be told apart from a payload
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
-  impl_->expect_wide = m.frame.next_wide;
+  // The next frame's receive goes up before this one is read any further.
+  impl_->post_frame(1 - full, m.frame.next_wide);
   const Carrier carrier = carrier_of(m.frame);
   // The bytes the tensors are copied from, one after the other, unless they come apart.
   const std::uint8_t* carried = nullptr;
@@ -497,7 +517,7 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
       carried += n;
     } else if (n != 0) {
       std::vector<at::Tensor> one = {t};
-      impl_->wait_for([&] { return impl_->group->recv(one, impl_->peer, kTag); },
+      impl_->wait_for([&] { return impl_->group->recv(one, impl_->peer, kPayloadTag); },
                       payload_wait(impl_->options.timeout, n, impl_->options.min_bytes_per_s),
                       "receiving a payload");
     }

@@ -20,9 +20,11 @@
 // - a receive waits at most the timeout it is given, then the link is broken: pass the time after
 //   which the peer counts as lost (an idle peer sends heartbeats), not a polling interval;
 // - a send completes only once the peer has posted the matching receive (Gloo's pairs hand
-//   over unbuffered): each side keeps a thread receiving while another sends, as the head and
-//   the hosts do, or the two sides alternate; two sides that both send first wait for each
-//   other until the timeout;
+//   over unbuffered); from its first recv() on, a side keeps its next frame's receive posted, so
+//   a peer's frame goes out at once while this side does something else, but a payload sent
+//   apart waits for its receive: each side keeps a thread receiving while another sends, as the
+//   head and the hosts do, or the two sides alternate; two sides that both send before either
+//   has received wait for each other until the timeout;
 // - one thread may send while another receives; concurrent sends (or receives) are serialised;
 // - the first link makes this process ignore SIGPIPE (unless the program set a handler): Gloo
 //   writes without MSG_NOSIGNAL, and a write to a peer that just died must break the link, not
