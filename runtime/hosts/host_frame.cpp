@@ -89,7 +89,6 @@ MessagePlan plan_message(Carrier carrier, bool announced_wide) noexcept {
   MessagePlan p;
   p.wide = announced_wide;  // the receiver has posted that size: anything else would abort it
   const bool slab = carrier == Carrier::slab;
-  p.slab_in_frame = slab && p.wide;
   p.slab_apart = slab && !p.wide;
   p.announce_wide = slab;
   return p;

@@ -78,8 +78,9 @@ inline constexpr std::size_t kWideFrameBytes = kFrameBytes + kSlabBytes;
 // How a sender puts one message on the link, given the carrier of its payload and whether its
 // last frame announced this one as wide.
 struct MessagePlan {
-  bool wide = false;           // the frame goes as kWideFrameBytes (as announced), else kFrameBytes
-  bool slab_in_frame = false;  // a slab carrier's payload fills the wide frame's slab room
+  // The frame goes as kWideFrameBytes (as announced), else kFrameBytes; a slab carrier's payload
+  // fills a wide frame's slab room.
+  bool wide = false;
   bool slab_apart = false;     // a slab carrier's payload follows as a slab message of its own
   bool announce_wide = false;  // this frame's next_wide: the sender's next frame will be wide
 };

@@ -156,19 +156,19 @@ TEST_CASE("hosts: a frame goes wide as its sender announced, and announces wide 
   using P = MessagePlan;
   auto plan = [](Carrier c, bool announced) {
     const P p = plan_message(c, announced);
-    return std::vector<bool>{p.wide, p.slab_in_frame, p.slab_apart, p.announce_wide};
+    return std::vector<bool>{p.wide, p.slab_apart, p.announce_wide};
   };
   // Announced narrow: a slab follows apart, and the next frame is announced wide.
-  CHECK(plan(Carrier::none, false) == std::vector<bool>{false, false, false, false});
-  CHECK(plan(Carrier::frame, false) == std::vector<bool>{false, false, false, false});
-  CHECK(plan(Carrier::slab, false) == std::vector<bool>{false, false, true, true});
-  CHECK(plan(Carrier::apart, false) == std::vector<bool>{false, false, false, false});
+  CHECK(plan(Carrier::none, false) == std::vector<bool>{false, false, false});
+  CHECK(plan(Carrier::frame, false) == std::vector<bool>{false, false, false});
+  CHECK(plan(Carrier::slab, false) == std::vector<bool>{false, true, true});
+  CHECK(plan(Carrier::apart, false) == std::vector<bool>{false, false, false});
   // Announced wide: the frame goes wide whatever it carries (the receiver posted that size); a
-  // slab fills its room and keeps the stream wide, anything else pads it and ends the stream.
-  CHECK(plan(Carrier::none, true) == std::vector<bool>{true, false, false, false});
-  CHECK(plan(Carrier::frame, true) == std::vector<bool>{true, false, false, false});
-  CHECK(plan(Carrier::slab, true) == std::vector<bool>{true, true, false, true});
-  CHECK(plan(Carrier::apart, true) == std::vector<bool>{true, false, false, false});
+  // slab fills its room (not apart) and keeps the stream wide, anything else pads it and ends it.
+  CHECK(plan(Carrier::none, true) == std::vector<bool>{true, false, false});
+  CHECK(plan(Carrier::frame, true) == std::vector<bool>{true, false, false});
+  CHECK(plan(Carrier::slab, true) == std::vector<bool>{true, false, true});
+  CHECK(plan(Carrier::apart, true) == std::vector<bool>{true, false, false});
   CHECK(kWideFrameBytes == kFrameBytes + kSlabBytes);
 }
 
