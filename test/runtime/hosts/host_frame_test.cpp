@@ -67,7 +67,8 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
   f.tensors = {{f32, {1024}}};
   const FrameBytes good = encode_frame(f);
   // The fixed part: magic 0-7, version 8-11, kind 12, tensor count 13, body length 14-15,
-  // sequence 16-23, inline bytes 24-27, flags 28-31; the first entry at 32: dtype, rank, then sizes at 40.
+  // sequence 16-23, inline bytes 24-27, flags 28-31; the first entry at 32: dtype, rank, then
+  // sizes at 40.
   auto damaged = [&](std::size_t at, std::uint8_t value) {
     FrameBytes b = good;
     b[at] = value;
@@ -172,8 +173,7 @@ TEST_CASE("hosts: a frame goes wide as its sender announced, and announces wide 
   CHECK(kWideFrameBytes == kFrameBytes + kSlabBytes);
 }
 
-TEST_CASE("hosts: a frame's announcement of a wide next frame survives encoding, and unknown "
-          "flags are refused",
+TEST_CASE("hosts: a frame's word that the next is wide survives encoding, unknown flags fail",
           "[multihost]") {
   Frame f;
   f.kind = FrameKind::result;

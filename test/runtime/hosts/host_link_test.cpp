@@ -166,12 +166,12 @@ TEST_CASE("hosts: payloads up to a slab, and just over it, cross intact and in o
   // frame, a slab in a wide frame keeps the stream wide, anything else in a wide frame ends it.
   // The results go back the same way, so both directions run through every case.
   const std::vector<std::vector<at::Tensor>> tasks = {
-      {floats(slab_floats, 0)},                    // exactly one slab, apart
-      {floats(5000, 1)},                           // 20 KB, more than the frame holds: wide
-      {},                                          // nothing: a wide frame's padding
-      {floats(slab_floats - 8, 2), floats(8, 3)},  // two tensors filling one slab, apart
-      {floats(slab_floats + 1, 4)},                // one float over: a wide frame, then apart
-      {floats(100, 5)},                            // in the frame
+      {floats(slab_floats, 0)},                      // exactly one slab, apart
+      {floats(5000, 1)},                             // 20 KB, more than the frame holds: wide
+      {},                                            // nothing: a wide frame's padding
+      {floats(slab_floats - 8, 2), floats(8, 3)},    // two tensors filling one slab, apart
+      {floats(slab_floats + 1, 4)},                  // one float over: a wide frame, then apart
+      {floats(100, 5)},                              // in the frame
       {floats(9000, 6), at::empty({0}, at::kFloat),  // a slab with an empty tensor in it, apart
        at::arange(7, at::kLong)},
       {floats(slab_floats, 7)},  // wide
