@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "ipc/cuda/ipc_api.hpp"
@@ -39,3 +40,15 @@ inline std::string gpu_unavailable() {
 }
 
 }  // namespace ferry::test
+
+// Ends a GPU test's process as skipped, printing why, where this machine cannot run it: 77 is
+// what ctest reads as "Skipped" (SKIP_RETURN_CODE in test/CMakeLists.txt, test_util.hpp's kSkip).
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    const std::string why_ = ::ferry::test::gpu_unavailable();    \
+    if (!why_.empty()) {                                          \
+      std::fprintf(stderr, "SKIP: GPU test: %s\n", why_.c_str()); \
+      std::fflush(nullptr);                                       \
+      std::_Exit(77);                                             \
+    }                                                             \
+  } while (0)

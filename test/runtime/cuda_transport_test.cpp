@@ -29,17 +29,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Ends the test process as skipped: ctest reads exit code 77 as "Skipped" and shows the reason.
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    const std::string why_ = test::gpu_unavailable();             \
-    if (!why_.empty()) {                                          \
-      std::fprintf(stderr, "SKIP: GPU test: %s\n", why_.c_str()); \
-      std::fflush(nullptr);                                       \
-      std::_Exit(test::kSkip);                                    \
-    }                                                             \
-  } while (0)
-
 // In a child: a failed expectation ends it with code 1, saying what failed.
 void expect(bool ok, const std::string& what) {
   if (ok) return;
