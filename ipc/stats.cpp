@@ -24,6 +24,8 @@ const char* copy_reason_name(CopyReason r) noexcept {
       return "ledger_full";
     case CopyReason::empty:
       return "empty";
+    case CopyReason::other_host:
+      return "other_host";
     case CopyReason::count_:
       break;
   }

@@ -81,7 +81,8 @@ Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle
                            Arena& arena);
 // dtype, rank, sizes, strides, storage offset and block_length of `t` into `r`.
 void describe_view(const at::Tensor& t, wire::Record& r);
-// Counts one tensor copied by a receiver, and why (a send counts its own: count_sent()).
+// Counts one tensor copied outside a queue's send (by a receiver, or by a link to another host),
+// and why (a send counts its own: count_sent()).
 void count_copy(CopyReason reason, std::size_t bytes);
 
 // Copied blocks smaller than this are copied on receipt (FERRY_COPY_ON_RECEIPT_BELOW, read

@@ -162,9 +162,6 @@ void HeadHub::send(int slot, std::uint64_t task, std::uint32_t attempt, const st
   if (!h || h->lost.load()) {
     throw Error(Errc::peer_dead, "slot " + std::to_string(slot) + " is no host that is live");
   }
-  std::vector<at::Tensor> cpu;
-  cpu.reserve(inputs.size());
-  for (const at::Tensor& t : inputs) cpu.push_back(t.is_cuda() ? t.cpu() : t);
   std::uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(h->mu);
@@ -173,7 +170,7 @@ void HeadHub::send(int slot, std::uint64_t task, std::uint32_t attempt, const st
     h->last_sent = std::chrono::steady_clock::now();
   }
   try {
-    h->link->send(FrameKind::task, seq, name, cpu);
+    h->link->send(FrameKind::task, seq, name, inputs);
   } catch (const Error& e) {
     {
       std::lock_guard<std::mutex> lock(h->mu);

@@ -29,6 +29,7 @@
 #include "ipc/log.hpp"
 #include "runtime/dtype.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/tensor_codec.hpp"
 
 namespace ferry::hosts {
 namespace {
@@ -417,16 +418,24 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
   payload.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) {
+    if (!t.defined() || !(t.device().is_cpu() || t.is_cuda()) || t.layout() != at::kStrided) {
       throw Error(Errc::invalid_argument,
                   "host link " + impl_->name + ": tensor " + std::to_string(i) +
-                      " is not a dense CPU tensor; move it with .cpu() (or .to_dense()) first");
+                      " is not a dense CPU or CUDA tensor; move it with .cpu() (or .to_dense()) "
+                      "first");
     }
     TensorShape shape;
     shape.dtype = to_wire_dtype(t.scalar_type());
     shape.sizes.assign(t.sizes().begin(), t.sizes().end());
     f.tensors.push_back(std::move(shape));
-    payload.push_back(t.contiguous());
+    if (t.is_cuda()) {
+      // No NCCL link (docs/multi-host.md, "CUDA tensors between hosts"): the bytes go through
+      // this host's memory, and the copy is counted like every other fallback.
+      payload.push_back(t.contiguous().cpu());
+      detail::count_copy(CopyReason::other_host, payload.back().nbytes());
+    } else {
+      payload.push_back(t.contiguous());
+    }
   }
   std::size_t total = 0;
   for (const at::Tensor& t : payload) total += t.nbytes();

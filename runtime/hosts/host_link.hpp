@@ -106,9 +106,10 @@ class HostLink {
   HostLink(const HostLink&) = delete;
   HostLink& operator=(const HostLink&) = delete;
 
-  // Sends a frame of `kind`, `seq` and `body`, then `tensors` (CPU; sent contiguous). Error as
-  // above; Error(invalid_argument) for what a frame cannot carry, a CUDA tensor, or a sparse one
-  // (the link is not broken by those).
+  // Sends a frame of `kind`, `seq` and `body`, then `tensors` (sent contiguous; a CUDA tensor as a
+  // CPU copy, counted in transport_stats() as CopyReason::other_host, and received as a CPU
+  // tensor). Error as above; Error(invalid_argument) for what a frame cannot carry or a sparse
+  // tensor (the link is not broken by those).
   void send(FrameKind kind, std::uint64_t seq, const std::string& body,
             const std::vector<at::Tensor>& tensors);
   // The next message; waits at most `timeout` for its frame, then breaks the link.

@@ -74,9 +74,7 @@ void send_loop(HostLink& link, Outbox& box, const ServeOptions& options,
     lock.unlock();
     try {
       if (r) {
-        std::vector<at::Tensor> cpu;
-        for (const at::Tensor& t : r->outputs) cpu.push_back(t.is_cuda() ? t.cpu() : t);
-        link.send(FrameKind::result, r->seq, result_body(r->ok, r->error), cpu);
+        link.send(FrameKind::result, r->seq, result_body(r->ok, r->error), r->outputs);
       } else {
         link.send(bye ? FrameKind::bye : FrameKind::heartbeat, 0, bye ? "" : beat, {});
       }

@@ -15,7 +15,9 @@
 #include <thread>
 
 #include "ipc/error.hpp"
+#include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "test/gpu_check.hpp"
 #include "test/runtime/hosts/forked_host.hpp"
 
 namespace ferry::hosts {
@@ -241,6 +243,41 @@ TEST_CASE("hosts: where shared memory has no room, a payload is received into or
   CHECK(peer.exit_code() == 0);
 }
 
+TEST_CASE("hosts: a CUDA tensor crosses a link as a CPU copy, counted as other_host", "[gpu]") {
+  REQUIRE_GPU();  // asked in a child: this process must not touch CUDA before the host forks
+  // The host says on which device each tensor came ('c' CPU, 'g' GPU), and sends them back.
+  test::ForkedHost peer(as_host([](HostLink& link) {
+    Message m = link.recv(10s);
+    std::string devices;
+    for (const at::Tensor& t : m.tensors) devices += t.device().is_cpu() ? 'c' : 'g';
+    link.send(FrameKind::result, m.frame.seq, devices, m.tensors);
+    return link.recv(10s).frame.kind == FrameKind::bye ? 0 : 1;
+  }));
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  peer.tell_port(store_port(store));
+  HostLink link(store, "link/1", 0, loopback(10s));
+
+  auto copies = [] {
+    return transport_stats().copies_by_reason[static_cast<int>(CopyReason::other_host)];
+  };
+  const auto before = copies();
+  const at::Tensor big = at::arange(1 << 20, at::kFloat).to(at::kCUDA).reshape({1024, 1024}).t();
+  const at::Tensor small = at::arange(16, at::kLong).to(at::kCUDA);
+  // 4 MiB, not contiguous, goes apart; 128 bytes ride in the frame; and a CPU tensor beside them.
+  link.send(FrameKind::task, 5, "", {big, small, at::ones({3})});
+  CHECK(copies() == before + 2);
+  const Message back = link.recv(10s);
+  CHECK(back.frame.body == "ccc");
+  REQUIRE(back.tensors.size() == 3);
+  CHECK(back.tensors[0].device().is_cpu());
+  CHECK(at::equal(back.tensors[0], big.cpu()));
+  CHECK(at::equal(back.tensors[1], small.cpu()));
+  CHECK(at::equal(back.tensors[2], at::ones({3})));
+  CHECK(big.is_cuda());  // the sender's own tensor stays where it was
+  link.send(FrameKind::bye, 0, "", {});
+  CHECK(peer.exit_code() == 0);
+}
+
 TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and breaks nothing",
           "[multihost]") {
   test::ForkedHost peer(as_host([](HostLink& link) {
@@ -252,9 +289,9 @@ TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and bre
   HostLink link(store, "link/1", 0, loopback(10s));
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(link.send(FrameKind::task, 1, "", {at::ones({2}).to_sparse()}),
-                    Contains("tensor 0 is not a dense CPU tensor"));
+                    Contains("tensor 0 is not a dense CPU or CUDA tensor"));
   CHECK_THROWS_WITH(link.send(FrameKind::task, 1, "", {at::Tensor()}),
-                    Contains("not a dense CPU tensor"));
+                    Contains("not a dense CPU or CUDA tensor"));
   CHECK_THROWS_WITH(link.send(FrameKind::task, 1, std::string(kMaxFrameBody + 1, 'x'), {}),
                     Contains("pass large arguments as tensors"));
   CHECK_FALSE(link.broken());
