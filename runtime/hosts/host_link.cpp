@@ -431,7 +431,14 @@ void HostLink::send(FrameKind kind, std::uint64_t seq, const std::string& body,
     if (t.is_cuda()) {
       // No NCCL link (docs/multi-host.md, "CUDA tensors between hosts"): the bytes go through
       // this host's memory, and the copy is counted like every other fallback.
-      payload.push_back(t.contiguous().cpu());
+      try {
+        payload.push_back(t.contiguous().cpu());
+      } catch (const std::exception& e) {
+        // A failed copy is this message's, not the link's: the task fails, the link goes on.
+        throw Error(Errc::invalid_argument, "host link " + impl_->name + ": tensor " +
+                                                std::to_string(i) + " could not be copied off " +
+                                                t.device().str() + ": " + failure_text(e));
+      }
       detail::count_copy(CopyReason::other_host, payload.back().nbytes());
     } else {
       payload.push_back(t.contiguous());
