@@ -4,11 +4,11 @@
 // Exit codes: 0 every task succeeded; 1 some tasks failed (the rest ran); 2 bad arguments or
 // input; 3 the pool could not start or broke; 128+N interrupted by signal N (SIGINT 130,
 // SIGTERM 143) after a clean shutdown.
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/cuda.h>
 #include <torch/script.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -23,6 +23,8 @@
 #include <sstream>
 #include <thread>
 
+#include "ipc/cuda/gate.hpp"
+#include "ipc/cuda/visible_gpus.hpp"
 #include "ipc/log.hpp"
 #include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
@@ -78,17 +80,25 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-// The default device list: every core as a CPU worker and every GPU this LibTorch can use.
+// Whether this program's LibTorch has CUDA, asked without initialising it (torch::cuda's and
+// at::hasCUDA()'s answers count the devices, which initialises the driver): a CUDA build has
+// loaded c10's CUDA library with it.
+bool torch_has_cuda() {
+  void* lib = ::dlopen("libc10_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) return false;
+  ::dlclose(lib);
+  return true;
+}
+
+// The default device list: every core as a CPU worker and every GPU this LibTorch can use. The
+// GPUs are counted without initialising CUDA here, so the workers may still be forked, and the
+// one on a GPU can use it.
 std::vector<std::string> default_devices() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> d(cores, "cpu");
-  // Asking initialises CUDA here when there is a GPU; the pool then spawns instead of forking.
-  if (torch::cuda::is_available()) {
-    // device_count() is a size_t in LibTorch 1.x and a signed c10::DeviceIndex in 2.x.
-    const int gpus = static_cast<int>(torch::cuda::device_count());
-    for (int i = 0; i < gpus; ++i) {
-      d.push_back("cuda:" + std::to_string(i));
-    }
+  if (torch_has_cuda()) {
+    const int gpus = ferry::cuda::visible_gpus();
+    for (int i = 0; i < gpus; ++i) d.push_back("cuda:" + std::to_string(i));
   }
   return d;
 }
@@ -219,17 +229,23 @@ json cuda_summary() {
           {"handle_cache_hits", t.cuda_handle_cache_hits},
           {"events_recorded", t.cuda_events_recorded},
           {"event_pool_syncs", t.cuda_event_pool_syncs},
-          {"copies_by_reason", reasons}};
+          {"copies_by_reason", reasons},
+          // Why this process called into CUDA, if it did: a supervisor that did cannot fork.
+          {"ferry_entered",
+           ferry::cuda::first_entry() ? json(ferry::cuda::first_entry()) : json(nullptr)}};
 }
 
-// The CUDA device every worker uses, if they all use the same one and this LibTorch has CUDA.
+// The CUDA device every worker uses, if they all use the same one. Only then does this process
+// touch CUDA (it stages the batches there), so the question to LibTorch comes last.
 std::optional<at::Device> staging_device(const std::vector<std::string>& devices) {
-  if (devices.empty() || !at::hasCUDA()) return std::nullopt;
+  if (devices.empty()) return std::nullopt;
   for (const auto& d : devices) {
     if (d != devices.front()) return std::nullopt;
   }
   const std::string& d = devices.front();
   if (d.rfind("cuda", 0) != 0) return std::nullopt;
+  ferry::cuda::enter("ferry run stages its batches on the workers' CUDA device");
+  if (!at::hasCUDA()) return std::nullopt;
   return at::Device(d == "cuda" ? std::string("cuda:0") : d);
 }
 

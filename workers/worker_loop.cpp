@@ -17,6 +17,7 @@
 
 #include "ipc/control_socket.hpp"
 #include "ipc/cuda/fork_safety.hpp"
+#include "ipc/cuda/gate.hpp"
 #include "ipc/env.hpp"
 #include "ipc/log.hpp"
 #include "runtime/shared_tensor.hpp"
@@ -46,6 +47,7 @@ std::string device_problem(const std::string& device) {
     return "this worker was forked after CUDA was initialised in its parent, so it cannot use "
            "CUDA; start the pool with spawn";
   }
+  cuda::enter("a pool worker on a CUDA device");
   if (!torch::cuda::is_available()) {
     return "device " + device +
            " asked for, but this worker's LibTorch has no CUDA or sees no GPU (build against a "

@@ -1,4 +1,5 @@
 #include "ipc/cuda/devices.hpp"
+#include "ipc/cuda/gate.hpp"
 
 #include <cuda_runtime.h>
 
@@ -126,6 +127,7 @@ DeviceInfo probe_device(int index) {
 
 CudaStatus probe() noexcept {
   CudaStatus s;
+  enter("the CUDA probe (ferry-shm check --cuda)");
   s.built_with_cuda = true;
   try {
     // Both calls work without a driver: the driver version reads 0 then.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 
 namespace ferry::cuda {
@@ -61,6 +62,7 @@ bool Status::already_mapped() const noexcept {
 }
 
 bool available() noexcept {
+  enter("cudaGetDeviceCount");
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -70,6 +72,7 @@ bool available() noexcept {
 }
 
 Status block_of(const void* ptr, BlockInfo* out) noexcept {
+  enter("cuPointerGetAttributes");
   *out = BlockInfo{};
   PointerGetAttributesFn get = pointer_get_attributes();
   if (get == nullptr) return {static_cast<int>(cudaErrorNoDevice), "no CUDA driver entry point"};
@@ -113,6 +116,7 @@ Status block_of(const void* ptr, BlockInfo* out) noexcept {
 }
 
 Status device_uuid(int device, Uuid* out) noexcept {
+  enter("cudaGetDeviceProperties");
   cudaDeviceProp p{};
   if (cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) {
     return fail("cudaGetDeviceProperties", e);
@@ -122,6 +126,7 @@ Status device_uuid(int device, Uuid* out) noexcept {
 }
 
 int device_with_uuid(const Uuid& uuid) noexcept {
+  enter("cudaGetDeviceCount");
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -136,6 +141,7 @@ int device_with_uuid(const Uuid& uuid) noexcept {
 
 bool can_access_peer(int from, int to) noexcept {
   if (from == to) return true;
+  enter("cudaDeviceCanAccessPeer");
   int ok = 0;
   if (cudaDeviceCanAccessPeer(&ok, from, to) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -145,6 +151,7 @@ bool can_access_peer(int from, int to) noexcept {
 }
 
 Status get_mem_handle(int device, std::uintptr_t base, IpcHandle* out) noexcept {
+  enter("cudaIpcGetMemHandle");
   return on_device(device, [&] {
     cudaIpcMemHandle_t h;
     cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
@@ -155,6 +162,7 @@ Status get_mem_handle(int device, std::uintptr_t base, IpcHandle* out) noexcept 
 
 Status open_mem_handle(int device, const IpcHandle& handle, void** out,
                        std::size_t* size_out) noexcept {
+  enter("cudaIpcOpenMemHandle");
   return on_device(device, [&] {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof h);
@@ -168,6 +176,7 @@ Status open_mem_handle(int device, const IpcHandle& handle, void** out,
 }
 
 Status close_mem_handle(int device, void* ptr) noexcept {
+  enter("cudaIpcCloseMemHandle");
   return on_device(device, [&] {
     // Views may have been used on any stream of this process: wait for all of them before the
     // mapping goes, so no kernel reads a block its owner is about to reuse.
@@ -179,6 +188,7 @@ Status close_mem_handle(int device, void* ptr) noexcept {
 }
 
 Status create_ipc_event(int device, void** event, IpcHandle* handle) noexcept {
+  enter("cudaEventCreateWithFlags");
   return on_device(device, [&] {
     cudaEvent_t ev = nullptr;
     cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming);
@@ -196,6 +206,7 @@ Status create_ipc_event(int device, void** event, IpcHandle* handle) noexcept {
 }
 
 Status open_event_handle(int device, const IpcHandle& handle, void** event) noexcept {
+  enter("cudaIpcOpenEventHandle");
   return on_device(device, [&] {
     cudaIpcEventHandle_t h;
     std::memcpy(&h, handle.data(), sizeof h);
@@ -207,26 +218,31 @@ Status open_event_handle(int device, const IpcHandle& handle, void** event) noex
 }
 
 Status destroy_event(int device, void* event) noexcept {
+  enter("cudaEventDestroy");
   return on_device(device, [&] {
     return fail("cudaEventDestroy", cudaEventDestroy(static_cast<cudaEvent_t>(event)));
   });
 }
 
 Status record_event(void* event, void* stream) noexcept {
+  enter("cudaEventRecord");
   return fail("cudaEventRecord",
               cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
 }
 
 Status stream_wait_event(void* stream, void* event) noexcept {
+  enter("cudaStreamWaitEvent");
   return fail("cudaStreamWaitEvent", cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                                          static_cast<cudaEvent_t>(event), 0));
 }
 
 Status stream_synchronize(void* stream) noexcept {
+  enter("cudaStreamSynchronize");
   return fail("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
 Status synchronize_device(int device) noexcept {
+  enter("cudaDeviceSynchronize");
   return on_device(device, [] { return fail("cudaDeviceSynchronize", cudaDeviceSynchronize()); });
 }
 
