@@ -29,6 +29,7 @@
 #include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
 #include "runtime/ferry.hpp"
+#include "tools/stop_signals.hpp"
 #include "workers/builtin_tasks.hpp"
 #include "workers/task_registry.hpp"
 #if FERRY_HAVE_HOSTS
@@ -255,10 +256,6 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
 }
 
-// SIGINT and SIGTERM are taken by a thread of their own (blocked everywhere else), which closes
-// the pool: in-flight tasks are cancelled, workers stopped and reaped, and run() returns.
-std::atomic<int> g_signal{0};
-
 // The pool's options from the command line, for `ferry run` and `ferry host` alike.
 ferry::PoolOptions pool_options(const RunArgs& a) {
   ferry::PoolOptions o;
@@ -295,40 +292,6 @@ void start_pool(std::optional<ferry::Pool>& pool, const ferry::PoolOptions& o) {
     throw;
   }
 }
-
-// SIGINT and SIGTERM go to a thread of their own: blocked here, before any thread starts.
-sigset_t block_stop_signals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGUSR1);  // how the caller releases the signal thread at the end
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  return stop_signals;
-}
-
-// Waits for SIGINT or SIGTERM on a thread of its own, records it in g_signal and calls
-// `on_signal`; released (SIGUSR1) and joined when it goes out of scope, however the caller ends.
-class SignalThread {
- public:
-  SignalThread(const sigset_t& signals, std::function<void()> on_signal)
-      : thread_([signals, on_signal = std::move(on_signal)] {
-          int sig = 0;
-          sigwait(&signals, &sig);
-          if (sig == SIGUSR1) return;  // the caller finished: nothing to stop
-          g_signal = sig;
-          on_signal();
-        }) {}
-  ~SignalThread() {
-    ::pthread_kill(thread_.native_handle(), SIGUSR1);
-    thread_.join();
-  }
-  SignalThread(const SignalThread&) = delete;
-  SignalThread& operator=(const SignalThread&) = delete;
-
- private:
-  std::thread thread_;
-};
 
 #if FERRY_HAVE_HOSTS
 ferry::hosts::Secret load_secret(const std::string& path) {
@@ -388,8 +351,6 @@ int run(const RunArgs& a) {
     return {stage ? t.to(*stage) : t};
   };
 
-  sigset_t stop_signals = block_stop_signals();
-
   check_shared_memory(static_cast<unsigned>(o.devices.size()));
 #if FERRY_HAVE_HOSTS
   std::shared_ptr<ferry::hosts::HeadHub> hub;
@@ -410,7 +371,9 @@ int run(const RunArgs& a) {
     throw BadInput("--task '" + a.task + "' is not a task of the workers (they have: " + list +
                    "); register it with FERRY_TASK in a worker and pass --worker");
   }
-  const SignalThread signals(stop_signals, [&] {
+  // SIGINT and SIGTERM close the pool: in-flight tasks are cancelled, workers stopped and
+  // reaped, and the loop below ends.
+  const ferry::tools::StopSignalThread signals([&] {
     try {
       pool->close(ferry::Shutdown::Cancel);
     } catch (const std::exception& e) {
@@ -421,7 +384,7 @@ int run(const RunArgs& a) {
   if (hub && a.wait_hosts > 0 &&
       !hub->wait_for_hosts(static_cast<std::size_t>(a.wait_hosts),
                            std::chrono::milliseconds(a.join_timeout_ms))) {
-    if (g_signal) return 128 + g_signal;
+    if (ferry::tools::stop_signal()) return 128 + ferry::tools::stop_signal();
     std::fprintf(stderr,
                  "ferry: %zu of the %d hosts asked for (--wait-hosts) joined within %d ms\n",
                  hub->stats().live, a.wait_hosts, a.join_timeout_ms);
@@ -444,7 +407,7 @@ int run(const RunArgs& a) {
         try {
           std::rethrow_exception(r->error);
         } catch (const std::exception& e) {
-          if (!g_signal) errors.push_back(e.what());
+          if (!ferry::tools::stop_signal()) errors.push_back(e.what());
         }
       } else if (!results.empty()) {
         results[r->index] = std::move(r->outputs);
@@ -452,7 +415,7 @@ int run(const RunArgs& a) {
       if (!a.json) progress.update(done, errors.size());
     }
   } catch (const ferry::Error& e) {
-    if (!g_signal) broken = e.what();
+    if (!ferry::tools::stop_signal()) broken = e.what();
   }
   const double elapsed = Seconds(std::chrono::steady_clock::now() - t0).count();
   const ferry::PoolStats s = pool->stats();  // before close, while the pids are current
@@ -461,10 +424,10 @@ int run(const RunArgs& a) {
       std::all_of(s.workers.begin(), s.workers.end(), [](const auto& w) { return w.given_up; })) {
     broken = "ferry: worker_lost: every worker was given up";
   }
-  if (g_signal) {
+  if (ferry::tools::stop_signal()) {
     std::fprintf(stderr, "ferry: stopped by %s after %zu of %zu tasks; workers stopped\n",
-                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", done, count);
-    return 128 + g_signal;
+                 ferry::tools::stop_signal() == SIGINT ? "SIGINT" : "SIGTERM", done, count);
+    return 128 + ferry::tools::stop_signal();
   }
   for (std::size_t i = 0; i < std::min<std::size_t>(errors.size(), 5); ++i) {
     std::fprintf(stderr, "%s\n", errors[i].c_str());
@@ -573,12 +536,11 @@ int host(const RunArgs& a) {
   ferry::PoolOptions o = pool_options(a);
   const ferry::hosts::Endpoint head = endpoint(a.join, "--join", false);
   const ferry::hosts::Secret secret = load_secret(a.secret_file);
-  sigset_t stop_signals = block_stop_signals();
   check_shared_memory(static_cast<unsigned>(o.devices.size()));
   std::optional<ferry::Pool> pool;
   start_pool(pool, o);
   std::atomic<bool> stop{false};
-  const SignalThread signals(stop_signals, [&] { stop = true; });
+  const ferry::tools::StopSignalThread signals([&] { stop = true; });
 
   ferry::hosts::HostInfo self;
   char hostname[256] = {};
@@ -608,13 +570,13 @@ int host(const RunArgs& a) {
   int code = kOk;
   try {
     const ferry::hosts::ServeEnd end = ferry::hosts::serve_head(*pool, *joined.link, serve, stop);
-    if (end == ferry::hosts::ServeEnd::stopped) code = 128 + g_signal;
+    if (end == ferry::hosts::ServeEnd::stopped) code = 128 + ferry::tools::stop_signal();
     std::fprintf(stderr, "ferry host: %s\n",
                  end == ferry::hosts::ServeEnd::stopped ? "stopped; the head was told"
                                                         : "the head's job ended");
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "ferry host: lost the head: %s\n", e.what());
-    code = g_signal ? 128 + g_signal : kBroken;
+    code = ferry::tools::stop_signal() ? 128 + ferry::tools::stop_signal() : kBroken;
   }
   pool->close(ferry::Shutdown::Cancel);  // what is left runs again elsewhere: the head retries it
   return code;
@@ -671,6 +633,7 @@ void add_link_options(CLI::App* cmd, RunArgs& a) {
 }
 
 int main(int argc, char** argv) {
+  ferry::tools::catch_stop_signals();  // before anything here can start a thread
   CLI::App app{"ferry: run PyTorch work on a pool of worker processes, tensors moved zero-copy"};
   app.require_subcommand(1);
   RunArgs a;
