@@ -8,6 +8,7 @@
 
 #include "ipc/shm_check.hpp"
 #include "ipc/stats.hpp"
+#include "runtime/fork_threads.hpp"
 #include "runtime/python/errors.hpp"
 #include "runtime/python/hosts.hpp"
 #include "runtime/python/message.hpp"
@@ -91,6 +92,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("sizes"), py::arg("like"), "an uninitialised tensor in this process's arena");
   m.def("share_", &ferry::share_, py::arg("t"), "moves t's storage into the arena in place");
   m.def("is_shared", &ferry::is_shared, py::arg("t"), "t's storage is a block of this arena");
+  m.def("after_fork_in_child", &ferry::after_fork_in_child,
+        "in a forked child: LibTorch's intra-op threads to FERRY_FORK_THREADS (default 1)");
   m.def(
       "flush",
       [](std::optional<double> timeout) {

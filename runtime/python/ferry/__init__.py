@@ -24,6 +24,14 @@ if _torch.__version__.split(".")[:2] != _C.torch_version.split(".")[:2]:
         f"{_torch.__version__}; rebuild ferry against this torch (docs/embedding.md) or use the "
         "Python it was built for")
 
+# A forked child runs one intra-op thread (FERRY_FORK_THREADS): it cannot use its parent's
+# OpenMP team and would wait for it for ever (docs/python.md, "Fork, OpenMP and CUDA"). libferry's
+# fork handler has set OpenMP's count already; this sets LibTorch's own (MKL's too), which is
+# safe only once fork() has returned.
+import os as _os
+
+_os.register_at_fork(after_in_child=_C.after_fork_in_child)
+
 from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskError, Timeout,
                  WorkerLost)
 from ._host import serve_host
