@@ -6,6 +6,8 @@ ctest runs each file with PYTHONPATH=<build>/python; run by hand the same way:
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -38,6 +40,15 @@ def kill(pid):
         pass
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+def _gpu_usable():
+    """torch.cuda.is_available(), asked in a child: asked here it would initialise CUDA in the
+    test process, whose forked children then could not use it (the fork tests' very subject)."""
+    if torch.version.cuda is None:
+        return False
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", probe], timeout=300).returncode == 0
+
+
+cuda = pytest.mark.skipif(not _gpu_usable(),
                           reason="no CUDA device (or this torch has no CUDA): the CUDA cases run "
                                  "on a GPU machine")
