@@ -1,6 +1,9 @@
 #include "ipc/channel.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <algorithm>
 #include <atomic>
@@ -35,8 +38,8 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
 // 2: max_messages and the message count; 3: the wake-up stamps; 4: holders and announced
-// children (ipc/peer_roles.hpp)
-constexpr std::uint32_t kVersion = 4;
+// children (ipc/peer_roles.hpp); 5: custody_until
+constexpr std::uint32_t kVersion = 5;
 constexpr std::size_t kParticipants = 32;
 constexpr std::size_t kSlotHeader = 8;
 // Waits are sliced so a waiter re-checks closing and peer death even if a wake is lost (a
@@ -99,6 +102,10 @@ struct RingHeader {
   std::atomic<std::uint32_t> dead_roles;
   // Children handed the channel that have not attached yet (announce(), hold(true)).
   std::atomic<std::uint32_t> announced;
+  // The head at which some deposit in the custody stops being needed (kNothingInCustody: none
+  // is kept), so a pop looks at the custody only when one of them is due to go. Written under
+  // the ring lock.
+  std::atomic<std::uint64_t> custody_until;
   alignas(64) std::atomic<std::uint64_t> participants[kParticipants];
 };
 
@@ -283,7 +290,163 @@ class PeerCheck {
   Clock::time_point next_{};
 };
 
+constexpr std::uint64_t kNothingInCustody = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint64_t kDepositMagic = 0x54534f4359525246ull;  // "FRRYCOST"
+// SCM_MAX_FD is 253: a sender with more segments than this leaves several deposits.
+constexpr std::size_t kMaxFdsPerDeposit = 250;
+
+// One datagram in the custody socket: this, then `count` segment numbers, with `count` fds.
+struct DepositHead {
+  std::uint64_t magic;
+  std::uint64_t owner_token;
+  std::uint64_t last_seq;
+  std::int32_t owner_pid;
+  std::uint32_t count;
+};
+
+struct Deposit {
+  DepositHead head{};
+  std::vector<std::uint32_t> segments;
+  std::vector<UniqueFd> fds;
+};
+
+// A Unix datagram socket connected to itself: whoever holds it sends to its own queue and reads
+// from it; a datagram from any other socket is refused (EPERM), so only the channel's holders
+// can deposit. Its autobound abstract name exists only to connect to; it goes with the socket.
+UniqueFd make_custody_socket() {
+  UniqueFd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  socklen_t len = sizeof(sa_family_t);  // autobind
+  if (!s || ::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return UniqueFd();
+  len = sizeof addr;
+  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    return UniqueFd();
+  }
+  return s;
+}
+
+bool is_custody_socket(int fd) {
+  int type = 0;
+  socklen_t type_len = sizeof type;
+  sockaddr_un self{}, peer{};
+  socklen_t self_len = sizeof self, peer_len = sizeof peer;
+  return ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0 && type == SOCK_DGRAM &&
+         ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) == 0 &&
+         ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 &&
+         self.sun_family == AF_UNIX && self_len == peer_len &&
+         std::memcmp(&self, &peer, self_len) == 0;
+}
+
+// Never blocks: a full custody is a failed deposit (the owner then stays), not a wait.
+bool send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments,
+                  const int* fds) {
+  iovec iov[2] = {{const_cast<DepositHead*>(&head), sizeof head},
+                  {const_cast<std::uint32_t*>(segments), head.count * sizeof(std::uint32_t)}};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFdsPerDeposit * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(head.count * sizeof(int));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(head.count * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds, head.count * sizeof(int));
+  const std::size_t bytes = sizeof head + head.count * sizeof(std::uint32_t);
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(bytes)) {
+    ferry::log().warn("channel custody: cannot keep segments of pid {}: {}", head.owner_pid,
+                      n < 0 ? std::strerror(errno) : "short send");
+    return false;
+  }
+  return true;
+}
+
+bool send_deposit(int sock, const Deposit& d) {
+  std::vector<int> fds;
+  for (const UniqueFd& fd : d.fds) fds.push_back(fd.get());
+  return send_deposit(sock, d.head, d.segments.data(), fds.data());
+}
+
+// Every deposit in the custody, taken out of it: the caller holds the ring lock and sends back
+// what is still needed. A malformed datagram, or one whose fds this process had no room for, is
+// dropped (its messages then fail as their sender's death would have them fail). `*drained`:
+// nothing is left unread.
+std::vector<Deposit> take_deposits(int sock, bool* drained) {
+  std::vector<Deposit> out;
+  *drained = true;
+  for (;;) {
+    Deposit d;
+    d.segments.resize(kMaxFdsPerDeposit);
+    iovec iov[2] = {{&d.head, sizeof d.head},
+                    {d.segments.data(), d.segments.size() * sizeof(std::uint32_t)}};
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxFdsPerDeposit * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        ferry::log().warn("channel custody: reading it failed: {}", std::strerror(errno));
+        *drained = false;
+      }
+      return out;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        d.fds.emplace_back(fd);
+      }
+    }
+    const bool whole =
+        static_cast<std::size_t>(n) >= sizeof d.head && d.head.magic == kDepositMagic &&
+        d.head.count <= kMaxFdsPerDeposit &&
+        static_cast<std::size_t>(n) == sizeof d.head + d.head.count * sizeof(std::uint32_t) &&
+        d.fds.size() == d.head.count && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0;
+    if (!whole) {
+      ferry::log().warn("channel custody: dropped a deposit{} (out of file descriptors?)",
+                        static_cast<std::size_t>(n) >= sizeof d.head
+                            ? " of pid " + std::to_string(d.head.owner_pid)
+                            : std::string());
+      continue;
+    }
+    d.segments.resize(d.head.count);
+    out.push_back(std::move(d));
+  }
+}
+
 }  // namespace
+
+CustodyPlan plan_custody(const std::vector<QueuedLease>& leases, std::uint64_t head) {
+  CustodyPlan plan;
+  for (const QueuedLease& l : leases) {
+    if (!custody_needed(l.seq, head)) continue;
+    plan.last_seq = plan.segments.empty() ? l.seq : std::max(plan.last_seq, l.seq);
+    plan.segments.push_back(l.segment);
+  }
+  if (plan.segments.empty()) return plan;
+  // The lease ledger: a receiver claims each lease there before it maps the block.
+  plan.segments.push_back(0);
+  std::sort(plan.segments.begin(), plan.segments.end());
+  plan.segments.erase(std::unique(plan.segments.begin(), plan.segments.end()), plan.segments.end());
+  return plan;
+}
+
+bool custody_needed(std::uint64_t last_seq, std::uint64_t head) noexcept {
+  return last_seq >= head;
+}
 
 struct Channel::Header : RingHeader {};
 
@@ -318,12 +481,24 @@ std::shared_ptr<Channel> Channel::create(const Options& options) {
   pthread_mutexattr_destroy(&attr);
   if (rc != 0) throw_errno(Errc::system, "pthread_mutex_init for a channel", rc);
 
+  h->custody_until.store(kNothingInCustody, std::memory_order_relaxed);
+
   // The magic goes in last so attach() never accepts a half-initialised header.
   h->magic.store(kMagic, std::memory_order_release);
-  return std::shared_ptr<Channel>(new Channel(std::move(segment)));
+  UniqueFd custody = make_custody_socket();
+  if (!custody) {
+    // A channel without custody still works: its senders wait at exit instead.
+    ferry::log().debug("channel: no custody socket ({})", std::strerror(errno));
+  }
+  return std::shared_ptr<Channel>(new Channel(std::move(segment), std::move(custody)));
 }
 
-std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
+std::shared_ptr<Channel> Channel::attach(UniqueFd fd, UniqueFd custody) {
+  if (custody && !is_custody_socket(custody.get())) {
+    throw Error(Errc::invalid_argument, "fd " + std::to_string(custody.get()) +
+                                            " is not a channel's custody socket (a Unix "
+                                            "datagram socket connected to itself)");
+  }
   auto segment = Segment::attach(std::move(fd), 0, /*keep_fd=*/true);
   const std::size_t size = segment->size();
   if (size < kHeaderBytes) {
@@ -354,11 +529,12 @@ std::shared_ptr<Channel> Channel::attach(UniqueFd fd) {
                                             " x slot " + std::to_string(h->slot_size) +
                                             " bytes needs " + std::to_string(needed));
   }
-  return std::shared_ptr<Channel>(new Channel(std::move(segment)));
+  return std::shared_ptr<Channel>(new Channel(std::move(segment), std::move(custody)));
 }
 
-Channel::Channel(std::shared_ptr<Segment> segment)
+Channel::Channel(std::shared_ptr<Segment> segment, UniqueFd custody)
     : segment_(std::move(segment)),
+      custody_(std::move(custody)),
       push_spin_(SpinPolicy::ceiling_from_env()),
       pop_spin_(push_spin_.ceiling()) {}
 
@@ -554,6 +730,10 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
         h->messages.store(messages > 0 ? messages - 1 : 0, std::memory_order_relaxed);
         h->head.store(head + count, std::memory_order_release);
         popped = count;
+        // After the commit: dying before it must leave the deposits this message needs.
+        if (custody_ && head + count >= h->custody_until.load(std::memory_order_relaxed)) {
+          sort_custody_locked(head + count);
+        }
       } else if (h->closed.load(std::memory_order_acquire)) {
         throw Error(Errc::closed, "pop on a closed and drained channel");
       }
@@ -593,6 +773,84 @@ void Channel::close() noexcept {
 
 bool Channel::closed() const noexcept {
   return header()->closed.load(std::memory_order_acquire) != 0;
+}
+
+bool Channel::deposit(pid_t owner_pid, std::uint64_t owner_token,
+                      const std::vector<QueuedLease>& leases,
+                      const std::function<int(std::uint32_t segment)>& fd_of,
+                      std::chrono::milliseconds timeout) {
+  if (!custody_) return false;
+  Header* h = header();
+  try {
+    RingLock lock(h, Deadline(timeout), "deposit", timeout);
+    const pid_t self = current_pid();
+    if (deposited_by_ != self) {
+      deposited_by_ = self;
+      deposited_until_ = 0;
+    }
+    std::vector<QueuedLease> fresh;
+    for (const QueuedLease& l : leases) {
+      if (l.seq >= deposited_until_) fresh.push_back(l);
+    }
+    const CustodyPlan plan = plan_custody(fresh, h->head.load(std::memory_order_relaxed));
+    if (plan.segments.empty()) return true;
+    std::vector<int> fds;
+    for (std::uint32_t seg : plan.segments) {
+      const int fd = fd_of(seg);
+      if (fd < 0) return false;
+      fds.push_back(fd);
+    }
+    for (std::size_t at = 0; at < fds.size(); at += kMaxFdsPerDeposit) {
+      const auto count = static_cast<std::uint32_t>(std::min(kMaxFdsPerDeposit, fds.size() - at));
+      const DepositHead head{kDepositMagic, owner_token, plan.last_seq, owner_pid, count};
+      // A deposit sent before a later one failed is dropped in time like any other.
+      if (!send_deposit(custody_.get(), head, plan.segments.data() + at, fds.data() + at)) {
+        return false;
+      }
+    }
+    h->custody_until.store(
+        std::min(h->custody_until.load(std::memory_order_relaxed), plan.last_seq + 1),
+        std::memory_order_relaxed);
+    deposited_until_ = plan.last_seq + 1;
+    ferry::log().debug("channel custody: left {} segment(s) until message {}", fds.size(),
+                       plan.last_seq);
+    return true;
+  } catch (const Error& e) {
+    ferry::log().warn("channel custody: {}", e.detail());
+    return false;
+  }
+}
+
+UniqueFd Channel::from_custody(std::uint64_t owner_token, std::uint32_t segment) {
+  if (!custody_) return UniqueFd();
+  return sort_custody_locked(header()->head.load(std::memory_order_relaxed), owner_token, segment);
+}
+
+UniqueFd Channel::sort_custody_locked(std::uint64_t head, std::uint64_t owner_token,
+                                      std::uint32_t segment) {
+  UniqueFd found;
+  bool drained;
+  std::vector<Deposit> deposits = take_deposits(custody_.get(), &drained);
+  // What could not be read is looked at again by the next pop.
+  std::uint64_t until = drained ? kNothingInCustody : head + 1;
+  for (Deposit& d : deposits) {
+    if (!custody_needed(d.head.last_seq, head)) continue;  // its fds close here
+    if (!found && owner_token != 0 && d.head.owner_token == owner_token) {
+      for (std::size_t i = 0; i < d.segments.size(); ++i) {
+        if (d.segments[i] == segment) {
+          found = UniqueFd(::fcntl(d.fds[i].get(), F_DUPFD_CLOEXEC, 0));
+          break;
+        }
+      }
+    }
+    if (send_deposit(custody_.get(), d)) until = std::min(until, d.head.last_seq + 1);
+  }
+  header()->custody_until.store(until, std::memory_order_relaxed);
+  return found;
+}
+
+int Channel::custody_fd() const noexcept {
+  return custody_.get();
 }
 
 bool Channel::consumed(std::uint64_t seq) const noexcept {

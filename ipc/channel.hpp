@@ -8,6 +8,16 @@
 // Waiting polls the futex word for a moment first (SpinPolicy: only while answers come that fast,
 // at most 100 us), then is a futex wait in slices of at most 100 ms, so waiters notice closing and
 // peer death.
+//
+// Custody: what a message needs besides its records (the segments of shared memory its tensors
+// live in) dies with its sender, so a sender that exits normally hands the fds of those segments
+// to the channel (deposit()). They wait as SCM_RIGHTS fds in flight in a Unix datagram socket
+// connected to itself, which every process attached to the channel holds (custody_fd()): the
+// kernel keeps them after the sender has gone, and refuses datagrams from any other socket. A
+// receiver that cannot fetch a segment from its exited owner takes it from there
+// (from_custody()). A deposit is kept until the last message that needs it has been consumed,
+// and dropped by the pop that consumes it, so a dead sender's memory lives exactly as long as its
+// queued messages (plan_custody(), custody_needed()), or until the channel's last holder exits.
 #pragma once
 
 #include <sys/types.h>
@@ -32,6 +42,28 @@ class Segment;
 using Clock = std::chrono::steady_clock;
 inline constexpr std::chrono::milliseconds kForever{-1};
 
+// A lease of a sender that is exiting, as a channel's custody sees it: the message that carries
+// it and the sender's segment that its block lives in.
+struct QueuedLease {
+  std::uint64_t seq = 0;      // the message's sequence number (Channel::push)
+  std::uint32_t segment = 0;  // the owner's segment holding the block
+};
+
+// What an exiting sender leaves in a channel's custody, given its leases on that channel and the
+// ring's head: the segments its messages still queued there need (ascending, each once, with its
+// lease ledger, segment 0, first), kept until message `last_seq` has been consumed. A lease whose
+// message was consumed already (seq before head) needs nothing; no segments: nothing to leave.
+struct CustodyPlan {
+  std::uint64_t last_seq = 0;
+  std::vector<std::uint32_t> segments;
+};
+CustodyPlan plan_custody(const std::vector<QueuedLease>& leases, std::uint64_t head);
+
+// Whether a deposit kept until message `last_seq` is still needed when the ring's head is `head`
+// (every message before `head` consumed). A pop reads its head before it commits, so the message
+// it is popping still counts.
+bool custody_needed(std::uint64_t last_seq, std::uint64_t head) noexcept;
+
 class Channel {
  public:
   struct Options {
@@ -45,7 +77,9 @@ class Channel {
   // Creates the channel in a fresh segment; share it by fork, or pass fd() to a spawned child.
   static std::shared_ptr<Channel> create(const Options& options);
   // Attaches to a channel whose segment fd was inherited or received; validates the header.
-  static std::shared_ptr<Channel> attach(UniqueFd fd);
+  // `custody`: the channel's custody socket (custody_fd() where it came from), or none: this
+  // process then neither deposits nor takes from the custody.
+  static std::shared_ptr<Channel> attach(UniqueFd fd, UniqueFd custody = UniqueFd());
 
   // Pushes a message of `count` records (1 <= count <= capacity) as one unit: consumers see all
   // of it or none. Blocks while the ring lacks room (records, or max_messages); throws
@@ -80,6 +114,21 @@ class Channel {
   // True once the message with sequence number `seq` has been popped (or discarded).
   bool consumed(std::uint64_t seq) const noexcept;
 
+  // Custody (see the top of this file). deposit(): `owner` (this process, exiting) leaves the
+  // segments that its messages among `leases` still queued here need; `fd_of(segment)` gives
+  // each one's fd. True when nothing of them needs the owner any more (left in custody, or
+  // consumed already); false when this process has no custody socket, the ring lock stayed busy
+  // past `timeout`, or the custody is full: the owner must then stay until they are claimed.
+  // Leases this process already left here are not left twice.
+  bool deposit(pid_t owner_pid, std::uint64_t owner_token, const std::vector<QueuedLease>& leases,
+               const std::function<int(std::uint32_t segment)>& fd_of,
+               std::chrono::milliseconds timeout);
+  // From inside a pop's claim only (it needs the ring lock): a new fd of `owner_token`'s
+  // `segment` if the custody holds it, else an empty one.
+  UniqueFd from_custody(std::uint64_t owner_token, std::uint32_t segment);
+  // The custody socket, to pass to a spawned process with fd(); -1 when this process has none.
+  int custody_fd() const noexcept;
+
   std::uint32_t capacity() const noexcept;
   std::uint32_t record_size() const noexcept;
   std::uint32_t size() const noexcept;          // records in the ring now
@@ -96,12 +145,21 @@ class Channel {
 
  private:
   struct Header;
-  explicit Channel(std::shared_ptr<Segment> segment);
+  Channel(std::shared_ptr<Segment> segment, UniqueFd custody);
   Header* header() const noexcept;
   std::byte* slot(std::uint64_t position) const noexcept;
   void register_role(std::uint32_t role);
   bool counterpart_gone(Waiting waiting) const;
+  // With the ring lock held: drops the deposits no message from `head` on needs, keeps the rest,
+  // and returns a new fd of (owner_token, segment) when one of them holds it.
+  UniqueFd sort_custody_locked(std::uint64_t head, std::uint64_t owner_token = 0,
+                               std::uint32_t segment = 0);
   std::shared_ptr<Segment> segment_;
+  UniqueFd custody_;
+  // Through which message this process has deposited already (one past it), guarded by the
+  // ring lock; a forked child starts again.
+  pid_t deposited_by_ = 0;
+  std::uint64_t deposited_until_ = 0;
   // This process's entry in the participants table, redone when a forked child first acts.
   std::atomic<std::uint32_t> registered_roles_{0};
   std::atomic<pid_t> registered_pid_{0};

@@ -906,3 +906,137 @@ TEST_CASE("channel keeps a message whose consumer is SIGKILLed inside the critic
   push_message(*ch, 1, 2, 1s);
   REQUIRE(pop_message(*ch, nullptr, 1s) == 1);
 }
+
+TEST_CASE("custody plan: a sender whose messages were all consumed leaves nothing",
+          "[channel][custody]") {
+  CHECK(ferry::plan_custody({}, 0).segments.empty());
+  CHECK(ferry::plan_custody({{3, 1}, {4, 2}}, 5).segments.empty());
+}
+
+TEST_CASE("custody plan: queued messages leave their segments and the ledger, until the last",
+          "[channel][custody]") {
+  const ferry::CustodyPlan plan = ferry::plan_custody({{7, 2}, {9, 1}, {8, 2}}, 7);
+  CHECK(plan.last_seq == 9);
+  CHECK(plan.segments == std::vector<std::uint32_t>{0, 1, 2});  // segment 2 once
+}
+
+TEST_CASE("custody plan: a message consumed already adds neither its segment nor its place",
+          "[channel][custody]") {
+  const ferry::CustodyPlan plan = ferry::plan_custody({{20, 5}, {3, 4}, {12, 1}, {30, 5}}, 10);
+  CHECK(plan.last_seq == 30);
+  CHECK(plan.segments == std::vector<std::uint32_t>{0, 1, 5});
+}
+
+TEST_CASE("custody: a deposit is needed until its last message has been consumed",
+          "[channel][custody]") {
+  CHECK(ferry::custody_needed(5, 4));        // queued behind the head
+  CHECK(ferry::custody_needed(5, 5));        // at the head: being popped, not consumed yet
+  CHECK_FALSE(ferry::custody_needed(5, 6));  // consumed
+}
+
+namespace {
+
+// A child that reads a pipe until every write end is closed, those in a custody included, and
+// exits 0 when what it read is `expect`: its exit says the custody let go of them.
+pid_t pipe_witness(Children& children, int fds[2], const std::string& expect) {
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t reader = children.spawn([fds, expect] {
+    ::close(fds[1]);
+    std::string got;
+    char c;
+    for (;;) {
+      const ssize_t n = ::read(fds[0], &c, 1);
+      if (n != 1) return n == 0 && got == expect ? 0 : 1;
+      got += c;
+    }
+  });
+  ::close(fds[0]);
+  return reader;
+}
+
+bool still_running(pid_t pid) {
+  int status = 0;
+  return ::waitpid(pid, &status, WNOHANG) == 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "channel custody keeps an exited sender's fds for its consumers until its last "
+    "message is consumed",
+    "[channel][custody]") {
+  Watchdog watchdog(60);
+  auto ch = make_channel(16);
+  REQUIRE(ch->custody_fd() >= 0);
+  Children children;
+  int pipe_fds[2];
+  const pid_t reader = pipe_witness(children, pipe_fds, "a");
+  constexpr std::uint64_t kOwner = 0x5eed;
+  const int write_end = pipe_fds[1];
+  const pid_t sender = children.spawn([&] {
+    std::vector<ferry::QueuedLease> leases;
+    leases.push_back({push_message(*ch, 1, 1), 3});
+    leases.push_back({push_message(*ch, 2, 2), 3});
+    const auto fd_of = [write_end](std::uint32_t segment) {
+      return segment == 0 || segment == 3 ? write_end : -1;
+    };
+    return ch->deposit(::getpid(), kOwner, leases, fd_of, 5s) ? 0 : 1;
+  });
+  children.expect_success(sender);
+  ::close(write_end);  // from here on the custody holds the only write ends
+
+  // A consumer forked after the sender has gone takes the segments inside its pop's claim.
+  const pid_t first = children.spawn([&] {
+    std::vector<std::byte> out;
+    bool ok = false;
+    ch->pop(out, 5s, [&](const std::byte*, std::uint32_t, std::uint64_t) {
+      ferry::UniqueFd data = ch->from_custody(kOwner, 3);
+      ferry::UniqueFd ledger = ch->from_custody(kOwner, 0);
+      const char mark = 'a';
+      ok = data && ledger && !ch->from_custody(kOwner + 1, 3) && !ch->from_custody(kOwner, 4) &&
+           ::write(data.get(), &mark, 1) == 1;
+    });
+    return ok ? 0 : 1;
+  });
+  children.expect_success(first);
+  std::this_thread::sleep_for(200ms);
+  REQUIRE(still_running(reader));  // message 2 still needs the deposit
+  // A pop that asks the custody nothing still drops what the message it consumed was the last
+  // to need.
+  REQUIRE(pop_message(*ch) == 2);
+  children.expect_success(reader);
+  REQUIRE(ch->size() == 0);
+}
+
+TEST_CASE("channel custody keeps nothing for consumed messages, and needs a custody socket",
+          "[channel][custody]") {
+  Watchdog watchdog(60);
+  auto ch = make_channel(8);
+  Children children;
+  int pipe_fds[2];
+  const pid_t reader = pipe_witness(children, pipe_fds, "");
+  const int write_end = pipe_fds[1];
+  const auto fd_of = [write_end](std::uint32_t) { return write_end; };
+  const pid_t sender = children.spawn([&] {
+    const std::uint64_t seq = push_message(*ch, 1, 1);
+    pop_message(*ch);
+    // True: nothing queued needs this sender, and nothing is kept.
+    return ch->deposit(::getpid(), 7, {{seq, 1}}, fd_of, 5s) ? 0 : 1;
+  });
+  children.expect_success(sender);
+  ::close(write_end);
+  children.expect_success(reader);
+
+  auto bare = Channel::attach(ferry::UniqueFd(::dup(ch->fd())));
+  REQUIRE(bare->custody_fd() == -1);
+  const std::uint64_t seq = push_message(*bare, 2, 1);
+  REQUIRE_FALSE(bare->deposit(
+      ::getpid(), 7, {{seq, 1}}, [](std::uint32_t) { return 0; }, 1s));
+
+  auto with =
+      Channel::attach(ferry::UniqueFd(::dup(ch->fd())), ferry::UniqueFd(::dup(ch->custody_fd())));
+  REQUIRE(with->custody_fd() >= 0);
+  REQUIRE(error_code([&] {
+            Channel::attach(ferry::UniqueFd(::dup(ch->fd())), ferry::UniqueFd(::dup(ch->fd())));
+          }) == Errc::invalid_argument);
+}
