@@ -5,11 +5,12 @@
 
 namespace ferry {
 
-Receipt decide_receipt(std::uint32_t flags, std::uint64_t block_length,
-                       std::uint64_t copy_below) noexcept {
+Receipt decide_receipt(std::uint32_t flags, std::uint64_t block_length, std::uint64_t copy_below,
+                       bool sender_exited) noexcept {
+  if (flags & wire::kFlagToDevice) return Receipt::view;
+  if (sender_exited) return Receipt::copy_out;
   if (copy_below == 0) return Receipt::view;
   if ((flags & wire::kFlagCopied) == 0) return Receipt::view;
-  if (flags & wire::kFlagToDevice) return Receipt::view;
   return block_length < copy_below ? Receipt::copy_out : Receipt::view;
 }
 

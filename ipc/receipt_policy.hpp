@@ -14,12 +14,15 @@ enum class Receipt : std::uint8_t {
   copy_out,  // a copy in this process's heap; the lease ends now
 };
 
-// The rules, first match wins: copying on receipt turned off (copy_below 0), a tensor the user
-// shares deliberately (no kFlagCopied: another process may write it), and a staged CUDA tensor
-// (kFlagToDevice: moved to the device at once, its host view never kept) are views; a copied
-// block under copy_below bytes is copied out; a larger one is a view.
-Receipt decide_receipt(std::uint32_t flags, std::uint64_t block_length,
-                       std::uint64_t copy_below) noexcept;
+// The rules, first match wins: a staged CUDA tensor (kFlagToDevice: moved to the device at
+// once, its host view never kept) is a view; a block of a sender that has exited (its segments
+// came from a queue's custody) is copied out, whatever its size or flags, as it would be moved
+// into this process at the next check anyway, and a view would keep the dead sender's segment;
+// copying on receipt turned off (copy_below 0) and a tensor the user shares deliberately (no
+// kFlagCopied: another process may write it) are views; a copied block under copy_below bytes
+// is copied out; a larger one is a view.
+Receipt decide_receipt(std::uint32_t flags, std::uint64_t block_length, std::uint64_t copy_below,
+                       bool sender_exited = false) noexcept;
 
 // Blocks below this many bytes are copied on receipt unless FERRY_COPY_ON_RECEIPT_BELOW says
 // otherwise (docs/benchmarks.md has the measurement behind it).

@@ -189,14 +189,14 @@ std::uint64_t copy_on_receipt_below() {
 }
 
 at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
-                  std::shared_ptr<Segment> ledger, pid_t holder) {
+                  std::shared_ptr<Segment> ledger, pid_t holder, bool sender_exited) {
   const std::uint64_t copy_below = copy_on_receipt_below();
   const at::ScalarType dtype = from_wire_dtype(r.dtype);
   std::byte* base = data->data() + r.block_offset;
   const at::IntArrayRef sizes(r.sizes, r.rank);
   const at::IntArrayRef strides(r.strides, r.rank);
   const c10::Device cpu(c10::kCPU);
-  if (decide_receipt(r.flags, r.block_length, copy_below) == Receipt::copy_out) {
+  if (decide_receipt(r.flags, r.block_length, copy_below, sender_exited) == Receipt::copy_out) {
     // The whole block, so the copy keeps the record's strides and storage offset exactly.
     c10::DataPtr own = c10::GetCPUAllocator()->allocate(r.block_length);
     if (r.block_length > 0) std::memcpy(own.get(), base, r.block_length);

@@ -90,11 +90,12 @@ void count_copy(CopyReason reason, std::size_t bytes);
 std::uint64_t copy_on_receipt_below();
 
 // Builds the received tensor for a validated record whose lease `holder` has claimed. A small
-// copied block is copied into this process's memory and its lease released at once
-// (decide_receipt); otherwise the tensor is a view of the block whose deleter releases the lease,
-// and its storage is noted under its sender (track_received).
+// copied block, or any block of a sender that has exited (`sender_exited`), is copied into this
+// process's memory and its lease released at once (decide_receipt); otherwise the tensor is a
+// view of the block whose deleter releases the lease, and its storage is noted under its sender
+// (track_received).
 at::Tensor decode(const wire::Record& r, std::shared_ptr<Segment> data,
-                  std::shared_ptr<Segment> ledger, pid_t holder);
+                  std::shared_ptr<Segment> ledger, pid_t holder, bool sender_exited = false);
 
 }  // namespace detail
 }  // namespace ferry

@@ -66,6 +66,16 @@ TEST_CASE("receipt: a CUDA tensor staged through shared memory stays a view", "[
   CHECK(decide_receipt(kFlagCopied | kFlagToDevice, 400, kBelow) == Receipt::view);
 }
 
+TEST_CASE("receipt: a block of a sender that has exited is copied out, whatever it is",
+          "[receipt]") {
+  CHECK(decide_receipt(kFlagCopied, std::uint64_t{1} << 30, kBelow, true) == Receipt::copy_out);
+  // Shared deliberately, but its owner is gone: it would be moved here at the next check.
+  CHECK(decide_receipt(0, 4, kBelow, true) == Receipt::copy_out);
+  CHECK(decide_receipt(kFlagCopied, 400, 0, true) == Receipt::copy_out);  // copying turned off
+  // Staged for a CUDA device: moved there at once, nothing of the block is kept.
+  CHECK(decide_receipt(kFlagCopied | kFlagToDevice, 400, kBelow, true) == Receipt::view);
+}
+
 TEST_CASE("receipt: a threshold of 0 turns copying on receipt off", "[receipt]") {
   CHECK(decide_receipt(kFlagCopied, 0, 0) == Receipt::view);
   CHECK(decide_receipt(kFlagCopied, 400, 0) == Receipt::view);
