@@ -93,7 +93,7 @@ std::atomic<std::uint64_t>* Ledger::slots() const noexcept {
   return reinterpret_cast<std::atomic<std::uint64_t>*>(segment_->data() + kSlotsOffset);
 }
 
-Ledger::Lease Ledger::acquire(std::shared_ptr<void> keepalive) {
+Ledger::Lease Ledger::acquire(std::shared_ptr<void> keepalive, std::uint32_t segment) {
   std::lock_guard<std::mutex> lock(mu_);
   if (free_.empty()) reclaim_locked(true);
   if (free_.empty()) {
@@ -108,6 +108,7 @@ Ledger::Lease Ledger::acquire(std::shared_ptr<void> keepalive) {
   l.gen = (l.gen + 1) & kGenMask;
   l.keepalive = std::move(keepalive);
   l.channel.reset();
+  l.segment = segment;
   where_[slot] = static_cast<std::uint32_t>(outstanding_.size());
   outstanding_.push_back(slot);
   slots()[slot].store(word(kInFlight, l.gen, 0), std::memory_order_release);
@@ -222,6 +223,17 @@ std::size_t Ledger::in_flight() const {
     n += state_of(slots()[slot].load(std::memory_order_acquire)) == kInFlight;
   }
   return n;
+}
+
+std::vector<Ledger::Unclaimed> Ledger::unclaimed_leases() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Unclaimed> out;
+  for (std::uint32_t slot : outstanding_) {
+    const Local& l = local_[slot];
+    if (slots()[slot].load(std::memory_order_acquire) != word(kInFlight, l.gen, 0)) continue;
+    out.push_back({{slot, l.gen}, l.channel, l.seq, l.segment});
+  }
+  return out;
 }
 
 std::vector<Ledger::Refusal> Ledger::take_refusals() {

@@ -41,9 +41,13 @@ class Ledger {
   static std::size_t segment_bytes(std::uint32_t slots) noexcept;
   const std::shared_ptr<Segment>& segment() const noexcept { return segment_; }
 
+  // A lease whose block lives in no segment of the owner's that a peer could map.
+  static constexpr std::uint32_t kNoSegment = ~std::uint32_t{0};
+
   // Takes a free slot for a tensor about to be sent; `keepalive` (the block) is held until the
-  // lease ends. Reclaims first when no slot is free; throws Error(ledger_full) if none comes back.
-  Lease acquire(std::shared_ptr<void> keepalive);
+  // lease ends, and `segment` says which of the owner's segments holds it. Reclaims first when no
+  // slot is free; throws Error(ledger_full) if none comes back.
+  Lease acquire(std::shared_ptr<void> keepalive, std::uint32_t segment = kNoSegment);
   // True when acquire() would find a slot now (reclaiming ended leases first when none is free).
   bool has_room();
   // Records which channel carries the lease's message and its sequence number there, so a lease
@@ -61,6 +65,15 @@ class Ledger {
   std::size_t in_flight() const;
   // True while this lease is sent and not yet claimed (one atomic load, no lock).
   bool unclaimed(const Lease& lease) const noexcept;
+  // The leases sent and not yet claimed, each with where its message is (channel null: not
+  // pushed yet) and its block's segment: what an exiting owner hands over (Channel::deposit).
+  struct Unclaimed {
+    Lease lease;
+    std::shared_ptr<Channel> channel;
+    std::uint64_t seq;
+    std::uint32_t segment;
+  };
+  std::vector<Unclaimed> unclaimed_leases() const;
 
   // Receiver side, on a peer's mapped ledger segment. claim() moves an IN_FLIGHT lease (or one
   // HELD by a consumer that died before its pop committed) to HELD by `me`; false when the slot
@@ -91,6 +104,7 @@ class Ledger {
     std::shared_ptr<Channel> channel;  // null until route(): not yet known to be in a queue
     std::uint64_t seq = 0;
     std::uint32_t gen = 0;
+    std::uint32_t segment = kNoSegment;
   };
   explicit Ledger(std::shared_ptr<Segment> segment);
   Header* header() const noexcept;

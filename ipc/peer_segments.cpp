@@ -53,7 +53,8 @@ void drop_dead_locked(Released& released) {
 
 std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_token,
                                           std::uint32_t seq, std::size_t expected_size,
-                                          std::chrono::milliseconds timeout) {
+                                          std::chrono::milliseconds timeout,
+                                          const SegmentFallback& fallback, bool* owner_exited) {
   if (owner_token == process_token()) {
     auto own = find_published_segment(seq);
     if (!own) {
@@ -68,18 +69,37 @@ std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_t
     auto it = g_cache->find(key);
     if (it != g_cache->end()) {
       if (it->second.held) return it->second.held;
-      if (auto still = it->second.seen.lock()) return still;
+      if (auto still = it->second.seen.lock()) {
+        if (owner_exited) *owner_exited = true;  // only an exited owner's entries are weak
+        return still;
+      }
     }
   }
   // Fetch without the lock: other receiving threads keep going meanwhile.
-  auto segment =
-      Segment::attach(fetch_segment_fd(owner_pid, owner_token, seq, timeout), expected_size);
+  UniqueFd fd;
+  bool exited = false;
+  try {
+    fd = fetch_segment_fd(owner_pid, owner_token, seq, timeout);
+  } catch (const Error& e) {
+    if (e.code() != Errc::peer_dead || !fallback) throw;
+    fd = fallback(owner_token, seq);
+    if (!fd) throw;
+    exited = true;
+  }
+  auto segment = Segment::attach(std::move(fd), expected_size);
   detail::bump(detail::counters().segments_mapped);
-  log().debug("mapped segment {} of pid {} ({} bytes)", seq, owner_pid, segment->size());
+  log().debug("mapped segment {} of pid {} ({} bytes){}", seq, owner_pid, segment->size(),
+              exited ? " from a queue's custody" : "");
+  if (owner_exited && exited) *owner_exited = true;
   Released released;
   std::lock_guard<std::mutex> lock(g_mu);
   drop_dead_locked(released);
   Entry& e = (*g_cache)[key];
+  if (exited) {
+    // Held only by what uses it: nobody else will serve this owner's segments again.
+    if (!e.held && e.seen.expired()) e = Entry{owner_pid, nullptr, segment};
+    return segment;
+  }
   // A racing thread's mapping wins; ours is unmapped on return.
   if (!e.held) e = Entry{owner_pid, segment, segment};
   return e.held;

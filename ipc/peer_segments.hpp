@@ -12,17 +12,28 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+
+#include "ipc/fd.hpp"
 
 namespace ferry {
 
 class Segment;
 
+// Where a segment whose owner has exited may still be found (a queue's custody,
+// Channel::from_custody): a new fd of it, or an empty one.
+using SegmentFallback = std::function<UniqueFd(std::uint64_t owner_token, std::uint32_t seq)>;
+
 // The mapping of owner's segment `seq` (fetching and mapping it on first use). `expected_size`
 // comes from the record and must match the file. A segment of this process is returned as is.
+// When the owner has exited, `fallback` is asked for the segment instead, and `*owner_exited`
+// (if given) is set, as it is when the mapping is one of an owner already known to have exited.
 std::shared_ptr<Segment> map_peer_segment(pid_t owner_pid, std::uint64_t owner_token,
                                           std::uint32_t seq, std::size_t expected_size,
-                                          std::chrono::milliseconds timeout);
+                                          std::chrono::milliseconds timeout,
+                                          const SegmentFallback& fallback = {},
+                                          bool* owner_exited = nullptr);
 
 // Stops holding the mappings of the owner with `owner_token`, which has exited.
 void drop_peer_segments(std::uint64_t owner_token) noexcept;

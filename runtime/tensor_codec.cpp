@@ -152,7 +152,8 @@ Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle
   r.segment_seq = block->block.segment_seq;
   r.segment_size = arena.segment(block->block.segment_seq)->size();
   r.block_offset = block->block.offset;
-  out.lease = arena.ledger().acquire(std::move(block));
+  const std::uint32_t segment = block->block.segment_seq;
+  out.lease = arena.ledger().acquire(std::move(block), segment);
   r.lease_slot = out.lease.slot;
   r.lease_gen = out.lease.gen;
   return out;

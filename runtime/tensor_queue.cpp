@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -26,14 +27,17 @@ namespace {
 
 constexpr auto kFetchTimeout = std::chrono::seconds(5);
 
-// At a normal exit, a process that sent tensors waits (FERRY_EXIT_LINGER_MS, default 2 s) until
-// receivers have claimed its in-flight messages: once it is gone its memory cannot be fetched.
-// The variable is read at the first send, where a bad value is that send's Error; a throw from
-// the atexit handler would end the process in std::terminate.
+// At a normal exit, a process that sent tensors leaves what its queued messages need in their
+// queues' custody, and waits (FERRY_EXIT_LINGER_MS, default 2 s) only for what it could not
+// leave there: once it is gone its memory cannot be fetched from it. The variable is read at the
+// first send, where a bad value is that send's Error; a throw from the atexit handler would end
+// the process in std::terminate.
 std::atomic<std::int64_t> g_exit_linger_ms{2000};
+// How long an exiting sender waits for a queue's ring lock to leave its deposit there.
+constexpr auto kDepositLockTimeout = std::chrono::seconds(1);
 
 void linger_at_exit() {
-  const std::size_t waiting = flush(std::chrono::milliseconds(g_exit_linger_ms.load()));
+  const std::size_t waiting = flush_at_exit(std::chrono::milliseconds(g_exit_linger_ms.load()));
   if (waiting > 0) {
     log().warn(
         "exiting with {} sent tensor(s) never received; their receivers will get "
@@ -67,12 +71,19 @@ struct Claimed {
   wire::Record record;
   std::shared_ptr<Segment> ledger;  // set once the lease is ours
   std::shared_ptr<Segment> data;
+  bool sender_exited = false;  // its segments came from the queue's custody
   std::string error;
   Errc code = Errc::bad_record;
 };
 
-void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Claimed>& out) {
+void claim_records(const std::byte* bytes, std::uint32_t count, Channel& channel,
+                   std::vector<Claimed>& out) {
   const pid_t me = current_pid();
+  // A sender that exited left its segments in the queue's custody; the pop holds the ring lock
+  // that reading it needs.
+  const SegmentFallback custody = [&channel](std::uint64_t token, std::uint32_t seq) {
+    return channel.from_custody(token, seq);
+  };
   out.assign(count, {});
   for (std::uint32_t i = 0; i < count; ++i) {
     Claimed& c = out[i];
@@ -85,7 +96,8 @@ void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Clai
         c.ledger = detail::claim_cuda(r, me);
         continue;
       }
-      auto ledger = map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout);
+      auto ledger = map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout, custody,
+                                     &c.sender_exited);
       if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
         c.error = "lease " + std::to_string(r.lease_slot) + "/" + std::to_string(r.lease_gen) +
                   " of pid " + std::to_string(r.owner_pid) + " does not match the record";
@@ -95,7 +107,7 @@ void claim_records(const std::byte* bytes, std::uint32_t count, std::vector<Clai
       // Mapped before the pop commits, so once a sender sees its lease claimed it may exit:
       // the receiver already holds the memory.
       c.data = map_peer_segment(r.owner_pid, r.owner_token, r.segment_seq, r.segment_size,
-                                kFetchTimeout);
+                                kFetchTimeout, custody, &c.sender_exited);
     } catch (const Error& e) {
       c.error = e.detail();
       c.code = e.code();
@@ -119,6 +131,51 @@ std::size_t flush(std::chrono::milliseconds timeout) {
   return waiting;
 }
 
+std::size_t flush_at_exit(std::chrono::milliseconds timeout) {
+  const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
+  Arena& arena = Arena::local();
+  Ledger* ledger = arena.existing_ledger();
+  std::vector<Ledger::Lease> waiting;  // CPU leases left to their receivers
+  if (ledger) {
+    struct Queued {
+      std::shared_ptr<Channel> channel;
+      std::vector<QueuedLease> leases;
+      std::vector<Ledger::Lease> ids;
+    };
+    std::map<const Channel*, Queued> by_queue;
+    for (const Ledger::Unclaimed& u : ledger->unclaimed_leases()) {
+      if (!u.channel || u.segment == Ledger::kNoSegment) {
+        waiting.push_back(u.lease);  // still being pushed by another thread
+        continue;
+      }
+      Queued& q = by_queue[u.channel.get()];
+      q.channel = u.channel;
+      q.leases.push_back({u.seq, u.segment});
+      q.ids.push_back(u.lease);
+    }
+    const auto fd_of = [&arena](std::uint32_t seq) {
+      const std::shared_ptr<Segment> s = arena.segment(seq);
+      return s ? s->fd() : -1;
+    };
+    for (auto& [key, q] : by_queue) {
+      if (!q.channel->deposit(current_pid(), process_token(), q.leases, fd_of,
+                              kDepositLockTimeout)) {
+        waiting.insert(waiting.end(), q.ids.begin(), q.ids.end());
+      }
+    }
+  }
+  auto waiting_now = [&] {
+    std::size_t n = detail::cuda_in_flight();
+    for (const Ledger::Lease& l : waiting) n += ledger->unclaimed(l);
+    return n;
+  };
+  std::size_t left;
+  while ((left = waiting_now()) > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return left;
+}
+
 std::chrono::milliseconds exit_linger() {
   using std::chrono::milliseconds;
   return env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),
@@ -137,11 +194,19 @@ TensorQueue TensorQueue::create(const Options& options) {
   return TensorQueue(Channel::create(co));
 }
 
-TensorQueue TensorQueue::attach(int fd, bool announced) {
+TensorQueue TensorQueue::attach(int fd, bool announced, int custody_fd) {
   UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!own)
     throw_errno(Errc::invalid_argument, "TensorQueue::attach(" + std::to_string(fd) + ")", errno);
-  auto channel = Channel::attach(std::move(own));
+  UniqueFd custody;
+  if (custody_fd >= 0) {
+    custody.reset(::fcntl(custody_fd, F_DUPFD_CLOEXEC, 0));
+    if (!custody) {
+      throw_errno(Errc::invalid_argument,
+                  "TensorQueue::attach: custody fd " + std::to_string(custody_fd), errno);
+    }
+  }
+  auto channel = Channel::attach(std::move(own), std::move(custody));
   if (channel->record_size() != sizeof(wire::Record)) {
     throw Error(Errc::invalid_argument, "fd " + std::to_string(fd) +
                                             " is a ferry channel of another record size (" +
@@ -243,7 +308,7 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
   std::vector<std::byte> bytes;
   std::vector<Claimed> claimed;
   channel_->pop(bytes, timeout, [&](const std::byte* recs, std::uint32_t count, std::uint64_t) {
-    claim_records(recs, count, claimed);
+    claim_records(recs, count, *channel_, claimed);
   });
 
   // Build every tensor before reporting any failure: a tensor built owns its lease, so on error
@@ -267,7 +332,7 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
             out.push_back(
                 detail::to_staged_device(detail::decode(r, std::move(c.data), c.ledger, me), r));
           } else {
-            out.push_back(detail::decode(r, std::move(c.data), c.ledger, me));
+            out.push_back(detail::decode(r, std::move(c.data), c.ledger, me, c.sender_exited));
           }
           detail::bump(detail::counters().tensors_received);
           detail::bump(detail::counters().bytes_received, out.back().nbytes());
@@ -327,6 +392,9 @@ std::uint32_t TensorQueue::max_messages() const noexcept {
 }
 int TensorQueue::fd() const noexcept {
   return channel_->fd();
+}
+int TensorQueue::custody_fd() const noexcept {
+  return channel_->custody_fd();
 }
 
 }  // namespace ferry

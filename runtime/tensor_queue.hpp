@@ -12,6 +12,11 @@
 // received from it move into the receiver's own memory (runtime/peer_exit.hpp); recv() looks
 // for such senders at most every 100 ms.
 //
+// A sender may exit right after sending: at its exit (flush_at_exit()) it leaves the segments its
+// queued messages need in each queue's custody (ipc/channel.hpp), which outlives it, so they are
+// delivered after it has gone, as the receiver's own copies. A sender killed by a signal leaves
+// nothing: its queued messages fail with Error(peer_dead).
+//
 // A CUDA tensor travels by CUDA IPC: the receiver gets a view on the sender's allocation, opened
 // once per process, after its current stream waited for the sender's last write. Where that is
 // not safe (see docs/cuda.md) it is copied, and the reason counted.
@@ -45,13 +50,16 @@ class TensorQueue {
     std::uint32_t max_messages = 0;  // messages queued at most, whatever their size; 0: no bound
   };
 
-  // A new queue. Share it with children by fork, or by fd() and attach() across exec.
+  // A new queue. Share it with children by fork, or by fd() (and custody_fd()) and attach()
+  // across exec.
   static TensorQueue create(const Options& options);
   static TensorQueue create() { return create(Options{}); }
-  // Attaches to a queue from an fd inherited across exec (TensorQueue::fd() in the parent). The
-  // process counts as one that may send or receive (hold()); `announced`: the parent called
-  // announce() for it.
-  static TensorQueue attach(int fd, bool announced = false);
+  // Attaches to a queue from fds inherited across exec (fd() and custody_fd() in the parent; both
+  // are duplicated). The process counts as one that may send or receive (hold()); `announced`:
+  // the parent called announce() for it. Without `custody_fd` the queue works the same, but what
+  // this process leaves queued at exit is delivered only if it is claimed while it waits
+  // (FERRY_EXIT_LINGER_MS), and it cannot take what exited senders left in the custody.
+  static TensorQueue attach(int fd, bool announced = false, int custody_fd = -1);
 
   // Who may still send or receive decides when a wait ends in peer_dead: a recv() on an empty
   // queue fails only once every process that sent, or held the queue and could have, has exited,
@@ -105,6 +113,7 @@ class TensorQueue {
   std::uint32_t messages() const noexcept;      // messages queued now
   std::uint32_t max_messages() const noexcept;  // Options::max_messages
   int fd() const noexcept;                      // pass to a spawned child (clear FD_CLOEXEC first)
+  int custody_fd() const noexcept;              // pass it too; -1 when this process has none
 
  private:
   explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
@@ -117,11 +126,17 @@ class TensorQueue {
 };
 
 // Waits until every tensor this process has sent has been taken by a receiver, or `timeout`
-// passes; returns how many are still waiting. A sender's memory cannot be fetched once it has
-// exited, so call this before _exit() (a normal exit() does it, up to FERRY_EXIT_LINGER_MS).
+// passes; returns how many are still waiting.
 std::size_t flush(std::chrono::milliseconds timeout);
 
-// How long a normal exit waits in flush(): FERRY_EXIT_LINGER_MS, 2 s by default. Throws
+// Readies this process to exit with messages still queued: leaves the segments they need in
+// their queues' custody, so receivers get them after this process has gone, then waits up to
+// `timeout`, as flush() does, for the tensors it could not leave there (on a queue attached
+// without its custody fd, CUDA tensors); returns how many of those are still waiting. Call it
+// before _exit(); a normal exit() calls it with FERRY_EXIT_LINGER_MS.
+std::size_t flush_at_exit(std::chrono::milliseconds timeout);
+
+// How long a normal exit waits in flush_at_exit(): FERRY_EXIT_LINGER_MS, 2 s by default. Throws
 // Error(invalid_argument) for a bad value.
 std::chrono::milliseconds exit_linger();
 

@@ -104,6 +104,16 @@ PYBIND11_MODULE(_C, m) {
       py::arg("timeout"),
       "waits until receivers took what this process sent; returns what is left");
   m.def(
+      "flush_at_exit",
+      [](std::optional<double> timeout) {
+        const auto ms = ferry::python::to_timeout(timeout);
+        py::gil_scoped_release unlocked;
+        return ferry::flush_at_exit(ms);
+      },
+      py::arg("timeout"),
+      "leaves what queued messages need in their queues' custody, then waits for what it could "
+      "not leave there; returns what is left");
+  m.def(
       "exit_linger", [] { return ferry::exit_linger().count() / 1000.0; },
       "FERRY_EXIT_LINGER_MS in seconds");
   m.def("transport_stats", &transport_stats_dict);

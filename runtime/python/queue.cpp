@@ -19,8 +19,9 @@ void bind_queue(py::module_& m) {
           py::arg("capacity"), py::arg("max_messages") = 0,
           "a new queue of `capacity` tensors in flight, `max_messages` messages (0: no bound)")
       .def_static("attach", &TensorQueue::attach, py::arg("fd"), py::arg("announced") = false,
-                  "the queue whose fd was inherited or received (the fd is duplicated); "
-                  "`announced`: the sender of the fd announced this process")
+                  py::arg("custody_fd") = -1,
+                  "the queue whose fds were inherited or received (they are duplicated); "
+                  "`announced`: the sender of the fds announced this process")
       .def("announce", &TensorQueue::announce,
            "counts one process on its way to the queue (before a fork or a pickle)")
       .def("hold", &TensorQueue::hold, py::arg("announced") = false,
@@ -52,7 +53,8 @@ void bind_queue(py::module_& m) {
       .def("messages", &TensorQueue::messages, "messages queued now")
       .def("max_messages", &TensorQueue::max_messages)
       .def("capacity", &TensorQueue::capacity)
-      .def("fd", &TensorQueue::fd);
+      .def("fd", &TensorQueue::fd)
+      .def("custody_fd", &TensorQueue::custody_fd);
 }
 
 }  // namespace ferry::python

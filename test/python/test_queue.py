@@ -215,6 +215,59 @@ def test_the_producer_may_exit_right_after_put(method):
     assert all(torch.equal(g["t"], torch.full((1000,), float(g["i"]))) for g in got)
 
 
+def _put_and_exit_at_once(q):
+    # So long that a child which waited at exit for its message to be taken would still be here.
+    os.environ["FERRY_EXIT_LINGER_MS"] = "60000"
+    q.put({"t": torch.arange(10.), "big": torch.ones(1 << 18), "shared": ferry.zeros(100).add_(7)})
+    q.put("done")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_message_put_by_a_child_that_exited_is_delivered_after_join(method):
+    # The put-then-exit, join-then-get order of multiprocessing code: the child has gone before
+    # anything was taken (torch.multiprocessing's default strategy loses this tensor). It leaves
+    # what its messages need in the queue as it exits, and does not wait to.
+    ctx = mp.get_context(method)
+    q = ferry.Queue()
+    p = ctx.Process(target=_put_and_exit_at_once, args=(q,))
+    t0 = time.monotonic()
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    assert time.monotonic() - t0 < 40  # spawn's child imports torch first
+    got = q.get(timeout=5)
+    assert torch.equal(got["t"], torch.arange(10.))
+    assert torch.equal(got["big"], torch.ones(1 << 18))
+    assert torch.equal(got["shared"], torch.full((100,), 7.))
+    assert q.get(timeout=5) == "done"
+
+
+def _take(q, n, out):
+    got = []
+    for _ in range(n):
+        m = q.get(timeout=30)
+        assert torch.equal(m["t"], torch.full((1000,), float(m["i"])))
+        got.append(m["i"])
+    out.put(got)
+
+
+def test_consumers_started_after_the_producer_exited_get_each_message_once():
+    ctx = mp.get_context("spawn")
+    q, out = ferry.Queue(), ferry.Queue()
+    p = ctx.Process(target=_put_and_exit, args=(q, 6))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    consumers = [ctx.Process(target=_take, args=(q, 3, out)) for _ in range(2)]
+    for c in consumers:
+        c.start()
+    got = out.get(timeout=60) + out.get(timeout=60)
+    for c in consumers:
+        c.join(60)
+        assert c.exitcode == 0
+    assert sorted(got) == list(range(6))
+
+
 def test_a_dead_producer_raises_peer_dead_instead_of_hanging():
     ctx = mp.get_context("fork")
     q, ready = ferry.Queue(), ferry.Queue()

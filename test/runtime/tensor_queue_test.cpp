@@ -41,6 +41,25 @@ at::Tensor sample(at::ScalarType t) {
   return (at::rand({5, 3}) * 100).to(t);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Mappings of shared-memory files in this process.
+std::size_t shm_mappings() {
+  const std::string dir = ferry::env::text("FERRY_SHM_DIR", "/dev/shm") + "/";
+  const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  std::string maps;
+  char buf[65536];
+  for (ssize_t n; fd >= 0 && (n = ::read(fd, buf, sizeof buf)) > 0;) maps.append(buf, n);
+  if (fd >= 0) ::close(fd);
+  std::size_t count = 0;
+  for (std::size_t at = maps.find(dir); at != std::string::npos; at = maps.find(dir, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
 }  // namespace
 
 TEST_CASE("every dtype crosses to another process and back, bit for bit", "[queue]") {
@@ -386,6 +405,97 @@ TEST_CASE("a sender that exits right after sending still delivers", "[queue]") {
   REQUIRE(ferry::test::wait_child(child) == 0);
   REQUIRE(m[0].eq(7).all().item<bool>());
   REQUIRE(m[1].eq(3).all().item<bool>());
+}
+
+TEST_CASE("a sender that exits at once is delivered after it has gone, and does not wait to exit",
+          "[queue][custody]") {
+  auto q = TensorQueue::create({8});
+  const auto copied_before = ferry::transport_stats().tensors_copied_on_receipt;
+  const std::size_t mapped_before = shm_mappings();
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t child = ferry::test::fork_child([&] {
+    // So long that a sender which waited for its receiver to claim would still be here.
+    ::setenv("FERRY_EXIT_LINGER_MS", "20000", 1);
+    q.send({ferry::empty_shared({1000}, at::kFloat).fill_(7), at::full({10}, 3.0),
+            at::arange(1 << 16, at::kFloat)},
+           5s);
+    q.send({at::ones({4})}, 5s);
+    std::exit(0);
+  });
+  REQUIRE(ferry::test::wait_child(child) == 0);  // gone before anything was received
+  REQUIRE(seconds_since(start) < 10);
+  Tensors m = q.recv(5s);
+  REQUIRE(m.size() == 3);
+  REQUIRE(m[0].eq(7).all().item<bool>());
+  REQUIRE(m[1].eq(3).all().item<bool>());
+  REQUIRE(m[2].equal(at::arange(1 << 16, at::kFloat)));
+  REQUIRE(q.recv(5s)[0].equal(at::ones({4})));
+  // Each is the receiver's own copy, so nothing of the dead sender stays mapped here.
+  REQUIRE(ferry::transport_stats().tensors_copied_on_receipt - copied_before == 4);
+  REQUIRE(shm_mappings() <= mapped_before);
+}
+
+TEST_CASE("every consumer gets what an exited sender left in the queue, each message once",
+          "[queue][custody]") {
+  auto q = TensorQueue::create({16});
+  auto done = TensorQueue::create({4});
+  const pid_t sender = ferry::test::fork_child([&] {
+    for (int i = 0; i < 6; ++i) q.send({ferry::empty_shared({256}, at::kInt).fill_(i)}, 5s);
+    std::exit(0);
+  });
+  REQUIRE(ferry::test::wait_child(sender) == 0);
+  auto take_three = [&] {
+    int got = 0;
+    for (int k = 0; k < 3; ++k) {
+      Tensors m = q.recv(5s);
+      const int i = m[0][0].item<int>();
+      if (!m[0].eq(i).all().item<bool>()) throw std::runtime_error("a torn message");
+      got |= 1 << i;
+    }
+    return got;
+  };
+  // Forked after the sender has gone: it reaches the custody through the queue it inherited.
+  const pid_t other = ferry::test::fork_child([&] {
+    done.send({at::full({1}, take_three(), at::kInt)}, 5s);
+    // fork_child ends in _exit(), which runs no exit handler: hand over by hand, at once.
+    if (ferry::flush_at_exit(0ms) != 0) ::_exit(9);
+  });
+  const int mine = take_three();
+  const int theirs = done.recv(10s)[0].item<int>();
+  REQUIRE(ferry::test::wait_child(other) == 0);
+  REQUIRE((mine & theirs) == 0);
+  REQUIRE((mine | theirs) == 63);
+}
+
+// Run only when the test below re-executes this binary: a spawned sender that exits at once.
+TEST_CASE("exec'd peer: attach with the custody, send and exit", "[.exec_sender]") {
+  const std::string fds = ferry::env::text("FERRY_TEST_SENDER_FDS", "");
+  if (fds.empty()) return;
+  int fd = -1, custody = -1;
+  REQUIRE(std::sscanf(fds.c_str(), "%d,%d", &fd, &custody) == 2);
+  auto q = TensorQueue::attach(fd, false, custody);
+  ::setenv("FERRY_EXIT_LINGER_MS", "20000", 1);
+  q.send({ferry::empty_shared({100}, at::kFloat).fill_(5), at::arange(10)}, 30s);
+}
+
+TEST_CASE("a spawned sender that exits at once is delivered after it has gone",
+          "[queue][custody]") {
+  auto q = TensorQueue::create({4});
+  REQUIRE(q.custody_fd() >= 0);
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t child = ferry::test::fork_child([&] {
+    for (int fd : {q.fd(), q.custody_fd()}) ::fcntl(fd, F_SETFD, 0);  // inherit across exec
+    const std::string fds = std::to_string(q.fd()) + "," + std::to_string(q.custody_fd());
+    ::setenv("FERRY_TEST_SENDER_FDS", fds.c_str(), 1);
+    ::execl("/proc/self/exe", "runtime_tests", "[.exec_sender]", nullptr);
+    ::_exit(127);
+  });
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(seconds_since(start) < 10);
+  Tensors m = q.recv(5s);
+  REQUIRE(m.size() == 2);
+  REQUIRE(m[0].eq(5).all().item<bool>());
+  REQUIRE(m[1].equal(at::arange(10)));
 }
 
 TEST_CASE("FERRY_EXIT_LINGER_MS: a bad value is the first send's error, a unit is read as such",

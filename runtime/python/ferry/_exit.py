@@ -1,9 +1,11 @@
-"""A process that put tensors stays until receivers took them (FERRY_EXIT_LINGER_MS).
+"""A process that put tensors leaves what its queued messages need in the queues' custody at exit.
 
-Its shared memory cannot be fetched once it is gone. libferry waits at exit() (an atexit handler
-registered at its first send), which covers an interpreter's normal exit; a multiprocessing child
-ends with os._exit() instead, so there the wait is registered with multiprocessing's exit hooks,
-which run before that.
+Its shared memory cannot be fetched from it once it is gone, so at exit it hands the segments
+its queued messages need to each queue, which keeps them until they are received, and waits
+(FERRY_EXIT_LINGER_MS) only for what it could not hand over. libferry does this at exit() (an
+atexit handler registered at its first send), which covers an interpreter's normal exit; a
+multiprocessing child ends with os._exit() instead, so there it is registered with
+multiprocessing's exit hooks, which run before that.
 """
 
 import logging
@@ -16,7 +18,7 @@ _registered_in = None
 
 
 def _linger():
-    left = _C.flush(_C.exit_linger())
+    left = _C.flush_at_exit(_C.exit_linger())
     if left:
         logging.getLogger("ferry").warning(
             "exiting with %d sent tensor(s) never received; their receivers will get PeerDead "

@@ -123,20 +123,25 @@ class Queue:
 
     # -- handing it to a child ----------------------------------------------------------------
     def __getstate__(self):
-        # DupFd passes the fd the way the start method needs: inherited by spawn, sent to the
-        # forkserver, or served over a socket when the queue travels some other way. The child
-        # is announced now, so that until it has attached (a spawned child imports torch first)
-        # no get takes the queue's producers for all gone.
-        state = {"fd": DupFd(self._q.fd())}
+        # DupFd passes an fd the way the start method needs: inherited by spawn, sent to the
+        # forkserver, or served over a socket when the queue travels some other way. The custody
+        # socket goes too, so that what the child leaves queued when it exits outlives it. The
+        # child is announced now, so that until it has attached (a spawned child imports torch
+        # first) no get takes the queue's producers for all gone.
+        custody = self._q.custody_fd()
+        state = {"fd": DupFd(self._q.fd()), "custody": DupFd(custody) if custody >= 0 else None}
         self._q.announce()
         return state
 
     def __setstate__(self, state):
         fd = state["fd"].detach()
+        custody = state["custody"].detach() if state.get("custody") is not None else -1
         try:
-            self._q = _C.TensorQueue.attach(fd, announced=True)
+            self._q = _C.TensorQueue.attach(fd, announced=True, custody_fd=custody)
         finally:
             os.close(fd)
+            if custody >= 0:
+                os.close(custody)
         self._closed = False
         _live.add(self)
 
