@@ -5,6 +5,7 @@
 #include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
+#include "ipc/peer_segments.hpp"
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/segment_server.hpp"
@@ -25,6 +26,25 @@ std::mutex g_local_mu;
 Arena* g_local = nullptr;
 [[maybe_unused]] const int g_atfork = pthread_atfork(
     [] { g_local_mu.lock(); }, [] { g_local_mu.unlock(); }, [] { g_local_mu.unlock(); });
+
+// On the segment server's thread, the moment a process it served exits: the dead process's
+// leases are taken back (the blocks they kept, and the queues their messages were routed through,
+// which a queue the user has dropped no longer keeps open), and its segments mapped here are let
+// go. The next send would do the same, but a process that sends no more would keep them.
+void reader_exited() noexcept {
+  try {
+    Arena* arena;
+    {
+      std::lock_guard<std::mutex> lock(g_local_mu);
+      arena = g_local && g_local->pid() == current_pid() ? g_local : nullptr;
+    }
+    // Arenas are never freed, so this one outlives the lock.
+    if (Ledger* ledger = arena ? arena->existing_ledger() : nullptr) ledger->reclaim(true);
+  } catch (const std::exception& e) {
+    log().warn("taking back the leases of a process that exited: {}", e.what());
+  }
+  drop_dead_peer_segments();
+}
 
 }  // namespace
 
@@ -53,6 +73,7 @@ Ledger& Arena::ledger() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ledger_) {
     ledger_ = Ledger::create(options_.lease_slots);
+    set_reader_exit_hook(&reader_exited);
     publish_segment(0, ledger_->segment());
   }
   return *ledger_;

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "ipc/control_socket.hpp"
 #include "ipc/error.hpp"
@@ -56,22 +58,26 @@ struct Server {
 
 std::mutex g_mu;
 Server* g_server = nullptr;
+std::atomic<void (*)() noexcept> g_reader_exit_hook{nullptr};
+// Readers watched at most: beyond, a reader's death is noticed by the ledger's own checks.
+constexpr std::size_t kMaxWatched = 1024;
 
 [[maybe_unused]] const int g_atfork =
     pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 
-void serve_one(int conn) {
+// Serves one request; returns the pid of the process that got a segment, or 0.
+pid_t serve_one(int conn) {
   ucred cred{};
   socklen_t len = sizeof cred;
   if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
-    return;  // only processes of our own user may map our memory
+    return 0;  // only processes of our own user may map our memory
   }
   pollfd p{conn, POLLIN, 0};
-  if (::poll(&p, 1, 1000) != 1) return;  // a peer that connects and says nothing is dropped
+  if (::poll(&p, 1, 1000) != 1) return 0;  // a peer that connects and says nothing is dropped
   Request req{};
   if (::recv(conn, &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req) ||
       req.magic != kRequestMagic) {
-    return;
+    return 0;
   }
   std::shared_ptr<Segment> seg;
   {
@@ -95,15 +101,56 @@ void serve_one(int conn) {
     const int fd = seg->fd();
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
   }
-  ::sendmsg(conn, &msg, MSG_NOSIGNAL);
+  const bool sent = ::sendmsg(conn, &msg, MSG_NOSIGNAL) >= 0;
+  return seg && sent && cred.pid > 0 ? cred.pid : 0;
+}
+
+struct Reader {
+  pid_t pid;
+  UniqueFd pidfd;  // readable once the reader has exited
+};
+
+// Starts watching `pid` unless it is watched already. A reader that exits before its pidfd is
+// opened is missed (or, its pid reused, a stranger is watched): the hook then runs late or in
+// vain, and the ledger's own checks still find the death.
+void watch(std::vector<Reader>& readers, pid_t pid) {
+  if (readers.size() >= kMaxWatched) return;
+  for (const Reader& r : readers) {
+    if (r.pid == pid) return;
+  }
+  try {
+    readers.push_back({pid, open_pidfd(pid)});
+  } catch (const Error& e) {
+    log().debug("segment server: not watching pid {}: {}", pid, e.detail());
+  }
 }
 
 void serve_forever(int listen_fd, std::shared_ptr<std::promise<void>> started) {
   started->set_value();
+  std::vector<Reader> readers;
+  std::vector<pollfd> polled;
   for (;;) {
+    polled.assign(1, pollfd{listen_fd, POLLIN, 0});
+    for (const Reader& r : readers) polled.push_back({r.pidfd.get(), POLLIN, 0});
+    if (::poll(polled.data(), polled.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      log().error("segment server stopped: poll: {}", std::strerror(errno));
+      return;
+    }
+    bool exited = false;
+    for (std::size_t i = polled.size(); i-- > 1;) {
+      if (polled[i].revents == 0) continue;
+      log().debug("segment server: reader {} exited", readers[i - 1].pid);
+      readers.erase(readers.begin() + static_cast<std::ptrdiff_t>(i - 1));
+      exited = true;
+    }
+    if (exited) {
+      if (auto hook = g_reader_exit_hook.load()) hook();
+    }
+    if ((polled[0].revents & POLLIN) == 0) continue;
     int conn = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       if (errno == EMFILE || errno == ENFILE) {
         log().warn("segment server: out of file descriptors, retrying (raise ulimit -n)");
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -112,8 +159,9 @@ void serve_forever(int listen_fd, std::shared_ptr<std::promise<void>> started) {
       log().error("segment server stopped: accept: {}", std::strerror(errno));
       return;
     }
-    serve_one(conn);
+    const pid_t reader = serve_one(conn);
     ::close(conn);
+    if (reader > 0) watch(readers, reader);
   }
 }
 
@@ -154,6 +202,10 @@ void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment) {
 void withdraw_segment(std::uint32_t seq) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_server && g_server->pid == current_pid()) g_server->segments.erase(seq);
+}
+
+void set_reader_exit_hook(void (*hook)() noexcept) noexcept {
+  g_reader_exit_hook.store(hook);
 }
 
 std::shared_ptr<Segment> find_published_segment(std::uint32_t seq) {

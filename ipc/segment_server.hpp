@@ -7,6 +7,11 @@
 // code (or blocked on a full queue) still answers. It takes one lock, held only for a map lookup
 // and across fork (pthread_atfork), so it cannot deadlock a forked child; the child starts its
 // own server when it first publishes.
+//
+// The thread also watches, by pidfd, each process it has served: the moment one exits, it runs
+// the reader-exit hook (the arena's: take back the leases the dead process held, and let go of
+// its segments mapped here), so a receiver's death releases what it pinned here at once, without
+// a heartbeat and without waiting for this process to send again.
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +31,10 @@ void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment);
 void withdraw_segment(std::uint32_t seq);
 // This process's own published segment `seq`, or null.
 std::shared_ptr<Segment> find_published_segment(std::uint32_t seq);
+
+// What the serving thread runs when a process it served has exited. One per process; it must
+// not throw.
+void set_reader_exit_hook(void (*hook)() noexcept) noexcept;
 
 // Fetches the fd of segment `seq` from its owner. Throws Error(peer_dead) when the owner has
 // exited, Error(fd_transfer) when it refuses or no longer has the segment, Error(timeout).

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ferry
-from conftest import cuda, kill, segments_of, wait_until
+from conftest import cuda, kill, segments_of, shm_dir, wait_until
 
 METHODS = ["fork", "spawn", "forkserver"]
 
@@ -327,6 +327,46 @@ def test_a_killed_consumer_leaves_nothing_behind_and_returns_the_memory():
     assert segments_of(pid) == []
     del big
     assert wait_until(lambda: ferry.stats()["arena"]["bytes_in_use"] < before["bytes_in_use"])
+
+
+def _ferry_fds():
+    """This process's fds that ferry could hold: shared-memory files, sockets, pidfds."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith((shm_dir() + "/", "/memfd:", "socket:", "anon_inode:[pidfd]")):
+            out[name] = target
+    return out
+
+
+def _shm_mappings():
+    with open("/proc/self/maps") as maps:
+        return {line.split(None, 5)[-1].strip() for line in maps if shm_dir() + "/" in line}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_killed_consumer_leaves_the_producer_nothing_open(method):
+    # What the dead consumer pinned here (its lease kept the dropped queue's channel open; its own
+    # segments stayed mapped) is let go as it dies, with no call into ferry.
+    ctx = mp.get_context(method)
+    # The arena, its ledger and its server exist before; earlier leases are back.
+    leases = ferry.stats()["arena"]["leases_outstanding"]
+    fds, maps = _ferry_fds(), _shm_mappings()
+    q_in, q_out = ferry.Queue(), ferry.Queue()
+    p = ctx.Process(target=_hold, args=(q_in, q_out))
+    p.start()
+    q_in.put(torch.ones(1 << 18))
+    pid = q_out.get(timeout=60)
+    kill(pid)
+    p.join(30)
+    del q_in, q_out, p
+    assert wait_until(lambda: set(_ferry_fds().items()) <= set(fds.items()), timeout=5), \
+        set(_ferry_fds().items()) - set(fds.items())
+    assert wait_until(lambda: _shm_mappings() <= maps, timeout=5), _shm_mappings() - maps
+    assert ferry.stats()["arena"]["leases_outstanding"] == leases
 
 
 def test_stats_count_zero_copy_and_copied_bytes_with_reasons():

@@ -45,6 +45,40 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The fds open in this process, each with what it names.
+std::map<int, std::string> open_fds() {
+  std::map<int, std::string> out;
+  char target[512];
+  for (int fd = 0; fd < 4096; ++fd) {
+    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof target);
+    if (n > 0) out[fd] = std::string(target, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+// The fds open now that were not open in `before`.
+std::vector<std::string> opened_since(const std::map<int, std::string>& before) {
+  std::vector<std::string> out;
+  for (const auto& [fd, what] : open_fds()) {
+    const auto it = before.find(fd);
+    if (it == before.end() || it->second != what) out.push_back(std::to_string(fd) + " " + what);
+  }
+  return out;
+}
+
+// Waits until no fd is open that was not open in `before`, calling nothing of ferry's meanwhile;
+// returns what is still open after `limit`.
+std::vector<std::string> wait_for_fds_of(const std::map<int, std::string>& before,
+                                         std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<std::string> left;
+  while (!(left = opened_since(before)).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  return left;
+}
+
 // Mappings of shared-memory files in this process.
 std::size_t shm_mappings() {
   const std::string dir = ferry::env::text("FERRY_SHM_DIR", "/dev/shm") + "/";
@@ -58,6 +92,14 @@ std::size_t shm_mappings() {
     ++count;
   }
   return count;
+}
+
+// A consumer that takes one message from `q`, says so on `ctl` and holds it until killed; run
+// in a child forked from the test, or in a runtime_tests exec'd from one (spawn).
+[[noreturn]] void hold_until_killed(TensorQueue& q, TensorQueue& ctl) {
+  Tensors held = q.recv(30s);
+  ctl.send({}, 30s);
+  for (;;) ::pause();
 }
 
 }  // namespace
@@ -496,6 +538,47 @@ TEST_CASE("a spawned sender that exits at once is delivered after it has gone",
   REQUIRE(m.size() == 2);
   REQUIRE(m[0].eq(5).all().item<bool>());
   REQUIRE(m[1].equal(at::arange(10)));
+}
+
+// Run only when the test below re-executes this binary: a spawned consumer to be killed.
+TEST_CASE("exec'd peer: hold a message until killed", "[.exec_holder]") {
+  const std::string fds = ferry::env::text("FERRY_TEST_HOLDER_FDS", "");
+  if (fds.empty()) return;
+  int in_fd = -1, ctl_fd = -1;
+  REQUIRE(std::sscanf(fds.c_str(), "%d,%d", &in_fd, &ctl_fd) == 2);
+  auto in = TensorQueue::attach(in_fd);
+  auto ctl = TensorQueue::attach(ctl_fd);
+  hold_until_killed(in, ctl);
+}
+
+TEST_CASE("a consumer SIGKILLed holding tensors leaves the producer nothing open", "[lease]") {
+  const bool spawned = GENERATE(false, true);
+  INFO((spawned ? "spawned" : "forked") << " consumer");
+  ferry::empty_shared({1}, at::kFloat);  // the arena, its ledger and server exist before
+  const auto leases_before = ferry::arena_stats().leases_outstanding;
+  const auto before = open_fds();
+  {
+    auto q = TensorQueue::create({4});
+    auto ctl = TensorQueue::create({2});
+    const pid_t child = ferry::test::fork_child([&] {
+      if (!spawned) hold_until_killed(q, ctl);
+      for (int fd : {q.fd(), ctl.fd()}) ::fcntl(fd, F_SETFD, 0);
+      const std::string fds = std::to_string(q.fd()) + "," + std::to_string(ctl.fd());
+      ::setenv("FERRY_TEST_HOLDER_FDS", fds.c_str(), 1);
+      ::execl("/proc/self/exe", "runtime_tests", "[.exec_holder]", nullptr);
+      ::_exit(127);
+    });
+    q.send({ferry::empty_shared({1 << 16}, at::kFloat)}, 30s);  // 256 KiB: held as a view
+    ctl.recv(60s);
+    ::kill(child, SIGKILL);
+    ferry::test::wait_child(child);
+  }
+  // The queues are dropped; the dead consumer's lease was all that kept q's channel open. No
+  // call into ferry from here: the producer lets go on its own.
+  const std::vector<std::string> left = wait_for_fds_of(before, 5s);
+  INFO("still open: " << (left.empty() ? std::string() : left.front()));
+  REQUIRE(left.empty());
+  REQUIRE(ferry::arena_stats().leases_outstanding == leases_before);
 }
 
 TEST_CASE("FERRY_EXIT_LINGER_MS: a bad value is the first send's error, a unit is read as such",
