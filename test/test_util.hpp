@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cerrno>
 #include <chrono>

@@ -1,6 +1,6 @@
 #include "ipc/arena.hpp"
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <cstring>
 #include <memory>

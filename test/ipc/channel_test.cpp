@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../catch.hpp"
 
 #include "ipc/channel.hpp"
 #include "ipc/error.hpp"

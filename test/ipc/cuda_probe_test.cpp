@@ -1,6 +1,6 @@
 #include <dlfcn.h>
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <string>
 

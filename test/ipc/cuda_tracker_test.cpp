@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <atomic>
 #include <cstring>

@@ -1,6 +1,6 @@
 // When a waiter on a channel is told its counterpart is gone (Error(peer_dead)): one case per
 // rule of counterpart_gone(), as the channel's waiters ask it.
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <vector>
 

@@ -1,6 +1,6 @@
 // The receiver's choice between a view of the sender's block and a copy of its own, one case per
 // rule, and the setting that moves the line between them.
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <cstdlib>
 #include <optional>

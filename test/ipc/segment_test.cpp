@@ -3,7 +3,7 @@
 #include <dirent.h>
 #include <sys/socket.h>
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <cstring>
 #include <set>

@@ -2,7 +2,7 @@
 // travels and why, from facts the sender gathers (runtime/cuda_transport.cpp carries it out).
 #include "ipc/cuda/send_policy.hpp"
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <string>
 

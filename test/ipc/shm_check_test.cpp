@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
-#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include "../catch.hpp"
 
 #include <cerrno>
 #include <cstdlib>

@@ -1,7 +1,7 @@
 // The verdict on one segment, case by case: facts in, state, reason and --force out.
 #include "ipc/shm_verdict.hpp"
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <string>
 

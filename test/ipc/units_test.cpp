@@ -1,6 +1,6 @@
 #include "ipc/units.hpp"
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <string>
 

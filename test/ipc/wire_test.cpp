@@ -1,7 +1,7 @@
 #include "ipc/wire.hpp"
 #include "wire_reference.hpp"
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include <vector>
 
 using namespace ferry::wire;
-using Catch::Matchers::Contains;
+using Catch::Contains;
 
 using ferry::wire::test::reference_extent;
 

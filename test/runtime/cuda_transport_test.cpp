@@ -6,7 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,5 +1,5 @@
 // Leases: a received tensor keeps the sender's block alive exactly as long as it is used.
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <random>
 

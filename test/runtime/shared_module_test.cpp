@@ -14,7 +14,7 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include "../test_util.hpp"
 #include "ipc/error.hpp"

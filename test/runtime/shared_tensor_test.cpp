@@ -1,6 +1,6 @@
 #include "runtime/shared_tensor.hpp"
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include "../test_util.hpp"
 #include "ipc/error.hpp"

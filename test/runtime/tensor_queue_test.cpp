@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <sys/statvfs.h>
 
-#include <catch2/catch.hpp>
+#include "../catch.hpp"
 
 #include <torch/version.h>
 

@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include "../catch.hpp"
 
 #include <algorithm>
 #include <cstdio>

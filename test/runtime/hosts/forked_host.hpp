@@ -8,11 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include "../../catch.hpp"
 
 #include "runtime/hosts/host_link.hpp"
 

@@ -5,11 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include "../../catch.hpp"
 
 #include "ipc/error.hpp"
 
@@ -101,7 +101,7 @@ TEST_CASE("hosts: a bad secret is refused by name, with the remedy", "[multihost
     FAIL("no error");
     return "";
   };
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   {
     TempFile f("a-secret-of-enough-bytes", 0644);
     const std::string m = message_of([&] { Secret::load(f.path); });

@@ -2,9 +2,9 @@
 // would make the receiver post a wrong-sized receive is refused before anything is posted.
 #include "runtime/hosts/host_frame.hpp"
 
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include "../../catch.hpp"
 
 #include "ipc/error.hpp"
 #include "ipc/wire.hpp"
@@ -46,7 +46,7 @@ TEST_CASE("hosts: a frame decodes to what was encoded", "[multihost]") {
 
 TEST_CASE("hosts: what a frame cannot carry is refused when sending, naming the limit",
           "[multihost]") {
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   Frame many;
   many.tensors.assign(kMaxFrameTensors + 1, {f32, {1}});
   CHECK_THROWS_WITH(encode_frame(many), Contains("at most 64 tensors") && Contains("65"));
@@ -92,7 +92,7 @@ TEST_CASE("hosts: a damaged frame is refused before any payload is posted", "[mu
 }
 
 TEST_CASE("hosts: small payloads ride in the frame, exactly their bytes", "[multihost]") {
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   Frame f;
   f.kind = FrameKind::result;
   f.seq = 9;
@@ -192,7 +192,7 @@ TEST_CASE("hosts: a frame's word that the next is wide survives encoding, unknow
 }
 
 TEST_CASE("host frame: a result's body says ok or carries the task's error, cut to fit") {
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   CHECK(parse_result_body(result_body(true, "")).ok);
   const ResultBody e = parse_result_body(result_body(false, "boom: bad input"));
   CHECK_FALSE(e.ok);

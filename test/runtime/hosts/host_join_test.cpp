@@ -3,10 +3,10 @@
 #include "runtime/hosts/host_join.hpp"
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include "../../catch.hpp"
 
 #include "ipc/error.hpp"
 #include "test/runtime/hosts/forked_host.hpp"
@@ -15,7 +15,7 @@ namespace ferry::hosts {
 namespace {
 
 using namespace std::chrono_literals;
-using Catch::Matchers::Contains;
+using Catch::Contains;
 
 const Secret kSecret = Secret::from_bytes("the-job-secret-0123456789", "a test");
 const Secret kOther = Secret::from_bytes("not-the-job-secret-012345", "a test");

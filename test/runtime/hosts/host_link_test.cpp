@@ -7,12 +7,12 @@
 #include <sys/mount.h>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
+#include "../../catch.hpp"
 
 #include "ipc/error.hpp"
 #include "ipc/stats.hpp"
@@ -287,7 +287,7 @@ TEST_CASE("hosts: what a link cannot carry is refused before it is sent, and bre
   auto store = listen_store("127.0.0.1", 0, 10s);
   peer.tell_port(store_port(store));
   HostLink link(store, "link/1", 0, loopback(10s));
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   CHECK_THROWS_WITH(link.send(FrameKind::task, 1, "", {at::ones({2}).to_sparse()}),
                     Contains("tensor 0 is not a dense CPU or CUDA tensor"));
   CHECK_THROWS_WITH(link.send(FrameKind::task, 1, "", {at::Tensor()}),
@@ -312,7 +312,7 @@ TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for goo
     CHECK(seconds_since(t0) < 10);
     CHECK(link.broken());
     // Every later call fails at once, naming the first failure.
-    using Catch::Matchers::Contains;
+    using Catch::Contains;
     CHECK_THROWS_WITH(link.send(FrameKind::heartbeat, 0, "", {}),
                       Contains("link/1 is broken") && Contains("joins again"));
   }  // the broken link's teardown returns
@@ -341,7 +341,7 @@ TEST_CASE("hosts: a peer that never joins fails the join at its timeout, naming 
     HostLink link(store, "link/alone", 0, loopback(1s));
     FAIL("joined with nobody");
   } catch (const Error& e) {
-    using Catch::Matchers::Contains;
+    using Catch::Contains;
     CHECK(e.code() == Errc::timeout);
     CHECK_THAT(e.what(),
                Contains("link/alone") && Contains("joining as head") && Contains("127.0.0.1"));
@@ -356,7 +356,7 @@ TEST_CASE("hosts: a store that is not there is reported with its address", "[mul
     auto store = listen_store("127.0.0.1", 0, 10s);
     port = store_port(store);
   }
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   CHECK_THROWS_WITH(
       connect_store("127.0.0.1", port, 1s),
       Contains("127.0.0.1:" + std::to_string(port)) && Contains("the head is running"));
@@ -378,7 +378,7 @@ TEST_CASE("hosts: the store listens on the address given, where c10d lets it", "
     CHECK_NOTHROW(connect_store("127.0.0.1", port, 5s));
   }
   // A port taken by another socket is refused with the address and the remedy.
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   CHECK_THROWS_WITH(listen_store("127.0.0.2", port, 2s),
                     Contains("127.0.0.2:" + std::to_string(port)) && Contains("another port"));
 }
@@ -395,7 +395,7 @@ TEST_CASE("hosts: how a link failure reads, by what Gloo and c10d say", "[multih
 
 TEST_CASE("hosts: ADDRESS:PORT is read strictly, and a bad one names the form expected",
           "[multihost]") {
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   const Endpoint e = parse_endpoint("10.0.0.1:29400", false);
   CHECK(e.address == "10.0.0.1");
   CHECK(e.port == 29400);

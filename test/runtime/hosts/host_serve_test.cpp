@@ -5,7 +5,7 @@
 #include "runtime/hosts/host_serve.hpp"
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
+#include "../../catch.hpp"
 
 #include <chrono>
 #include <optional>

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
+#include "../../catch.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -33,7 +33,7 @@ namespace ferry::hosts {
 namespace {
 
 using namespace std::chrono_literals;
-using Catch::Matchers::Contains;
+using Catch::Contains;
 
 const std::string kFerry = FERRY_BIN;
 const std::string kTestWorker = FERRY_TEST_WORKER;

@@ -5,7 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "../../catch.hpp"
 
 #include "ipc/error.hpp"
 

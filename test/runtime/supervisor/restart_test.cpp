@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <fstream>
 #include <thread>
+#include "../../catch.hpp"
 
 #include "ipc/process.hpp"
 #include "runtime/pool.hpp"

@@ -1,7 +1,7 @@
 // The task book alone: admission, order, retries and exactly-once, with no process anywhere.
 #include "runtime/supervisor/task_book.hpp"
 
-#include <catch2/catch.hpp>
+#include "../../catch.hpp"
 
 #include "ipc/error.hpp"
 
