@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "../test_util.hpp"
 #include "ipc/error.hpp"
@@ -35,9 +36,11 @@ void expect_has(const std::string& text, const std::string& needle) {
   expect(text.find(needle) != std::string::npos, "'" + needle + "' missing from: " + text);
 }
 
-const ferry::CheckItem& item(const ferry::ShmReport& r, const std::string& name) {
-  const ferry::CheckItem* i = r.item(name);
-  if (!i) throw std::runtime_error("no item " + name);
+// The name by value: GCC 13 on takes a reference returned by a function that was handed a
+// temporary (`item(r, "shm_dir")` made a std::string) for one into it (-Wdangling-reference).
+const ferry::CheckItem& item(const ferry::ShmReport& r, std::string_view name) {
+  const ferry::CheckItem* i = r.item(std::string(name));
+  if (!i) throw std::runtime_error("no item " + std::string(name));
   return *i;
 }
 

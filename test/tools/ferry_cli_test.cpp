@@ -200,8 +200,8 @@ TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no s
     if (pid == 0) {
       ::setpgid(0, 0);  // as a job in a shell: SIGINT reaches its workers too
       const std::string out = dir / "out", err = dir / "err";
-      std::freopen(out.c_str(), "w", stdout);
-      std::freopen(err.c_str(), "w", stderr);
+      if (!std::freopen(out.c_str(), "w", stdout) || !std::freopen(err.c_str(), "w", stderr))
+        ::_exit(126);
       ::execl(kFerry.c_str(), kFerry.c_str(), "run", "--task", "square", "--workers", "2",
               "--batches", "100000000", nullptr);
       ::_exit(127);

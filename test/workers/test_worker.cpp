@@ -34,8 +34,13 @@ std::string next_step(const char* path) {
   const auto nl = all.find('\n');
   const std::string step = all.substr(0, nl);
   const std::string rest = nl == std::string::npos ? "" : all.substr(nl + 1);
-  ::ftruncate(fd, 0);
-  ::pwrite(fd, rest.data(), rest.size(), 0);
+  // A plan not rewritten would replay this step at every later start, and the test would fail on
+  // some count far from the cause: stop here, saying why.
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, rest.data(), rest.size(), 0) != static_cast<ssize_t>(rest.size())) {
+    std::perror("ferry-test-worker: cannot rewrite FERRY_TEST_START_PLAN");
+    std::exit(4);
+  }
   ::close(fd);  // releases the lock
   return step.empty() ? "ok" : step;
 }

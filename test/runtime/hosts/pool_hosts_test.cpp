@@ -5,6 +5,7 @@
 // made (not root), each host gets a loopback address of its own (127.0.0.2, .3, ...) instead,
 // and the test says so. Workers are spawned (ferry-test-worker's tasks: sleep_echo and
 // fail_if_negative), here and on the hosts.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
