@@ -14,9 +14,13 @@ all: build
 deps:
 	@tools/install-deps.sh
 
+# ferry's own builds treat warnings as errors (FERRY_WERROR; off in a plain cmake build); a tree
+# configured before the option existed gets it once.
 configure: deps
 	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
-	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) $(CMAKE_ARGS); fi
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_WERROR=ON $(CMAKE_ARGS); \
+	elif ! grep -q '^FERRY_WERROR:' $(BUILD)/CMakeCache.txt; then \
+	  cmake -S . -B $(BUILD) -DFERRY_WERROR=ON; fi
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -75,7 +79,8 @@ API_BUILD ?= build-api
 API_STDS ?= c++17 c++20
 api-check: deps
 	@tools/fetch-debian-packages.sh $(API_BUILD)/trixie trixie libtorch-dev libgloo-dev
-	@cmake -S . -B $(API_BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_API_CHECK=ON $(CMAKE_ARGS) \
+	@cmake -S . -B $(API_BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_API_CHECK=ON -DFERRY_WERROR=ON \
+	  $(CMAKE_ARGS) \
 	  >$(API_BUILD)/configure.log 2>&1 || { cat $(API_BUILD)/configure.log; exit 1; }
 	@python3 tools/api_check.py --build $(API_BUILD) --torch-include $(API_BUILD)/trixie/root/usr/include \
 	  $(foreach s,$(API_STDS),--std $(s)) -j $(JOBS)
