@@ -28,7 +28,48 @@ if(FERRY_HAVE_CUDA AND NOT DEFINED TORCH_CUDA_ARCH_LIST)
   endif()
 endif()
 
+# Until LibTorch is found and says what it needs (below), C++17: a CUDA LibTorch takes the CUDA
+# standard from this as it is found.
+if(DEFINED CMAKE_CXX_STANDARD)
+  set(_ferry_user_cxx_standard ${CMAKE_CXX_STANDARD})
+else()
+  set(CMAKE_CXX_STANDARD 17)
+endif()
 find_package(Torch REQUIRED)
+
+# The C++ standard: the one LibTorch's headers require, C++17 at least (ferry's own). LibTorch
+# states it twice: its CMake target's CXX_STANDARD property (14 in 1.13, 20 in 2.14), which CMake
+# does not pass on to what links torch, and ATen.h's guard (`#error C++20 or later compatible
+# compiler is required to use ATen` from 2.14 on). The higher of the two wins; a
+# CMAKE_CXX_STANDARD the user gave stands if it is not lower.
+set(FERRY_CXX_STANDARD 17)
+get_target_property(_torch_std torch CXX_STANDARD)
+if(_torch_std MATCHES "^[0-9]+$" AND NOT _torch_std EQUAL 98
+   AND _torch_std GREATER FERRY_CXX_STANDARD)
+  set(FERRY_CXX_STANDARD ${_torch_std})
+endif()
+foreach(_dir IN LISTS TORCH_INCLUDE_DIRS)
+  if(EXISTS "${_dir}/ATen/ATen.h")
+    file(STRINGS "${_dir}/ATen/ATen.h" _aten_guard REGEX "__cplusplus < 20[0-9]+L")
+    if(_aten_guard MATCHES "__cplusplus < 20([0-9][0-9])[0-9][0-9]L")
+      set(_aten_std ${CMAKE_MATCH_1})  # 202002L: 20
+      if(_aten_std GREATER FERRY_CXX_STANDARD)
+        set(FERRY_CXX_STANDARD ${_aten_std})
+      endif()
+    endif()
+    break()
+  endif()
+endforeach()
+if(DEFINED _ferry_user_cxx_standard)
+  if(_ferry_user_cxx_standard LESS FERRY_CXX_STANDARD)
+    message(FATAL_ERROR "CMAKE_CXX_STANDARD is ${_ferry_user_cxx_standard} but LibTorch "
+      "${Torch_VERSION} (${Torch_DIR}) needs C++${FERRY_CXX_STANDARD}: leave it out or raise it")
+  endif()
+  set(FERRY_CXX_STANDARD ${_ferry_user_cxx_standard})
+endif()
+set(CMAKE_CXX_STANDARD ${FERRY_CXX_STANDARD})
+message(STATUS "ferry: C++${FERRY_CXX_STANDARD} for LibTorch ${Torch_VERSION}; the installed targets "
+  "require it of their users")
 
 if(FERRY_HAVE_CUDA)
   if(CMAKE_CUDA_ARCHITECTURES STREQUAL "OFF" AND DEFINED _unmapped_arch)
