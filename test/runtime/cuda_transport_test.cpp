@@ -16,11 +16,15 @@
 
 #include "../gpu_check.hpp"
 #include "../test_util.hpp"
+#include "ipc/cuda/fork_safety.hpp"
+#include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/process.hpp"
+#include "ipc/shm_check.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/cuda_ipc.hpp"
 #include "runtime/pool.hpp"
+#include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
 #include "workers/builtin_tasks.hpp"
 
@@ -297,6 +301,48 @@ TEST_CASE("a pool of cuda:0 workers takes CUDA inputs by handle and returns CUDA
   CHECK(s.input_tensors_copied == 0);
   CHECK(transport_stats().cuda_handles_opened >= 1);  // the results, opened here
   for (const auto& t : out) CHECK(source_alive(t[0]));
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST_CASE("a CPU-only parent that used every ferry API forks a child that then uses CUDA",
+          "[gpu]") {
+  REQUIRE_GPU();
+  // Queues to a forked child and back, shared tensors, pools by fork and spawn, the shm check.
+  at::Tensor weights = empty_shared({64, 64}, at::kFloat).normal_();
+  ShmCheckOptions check;
+  check.workers = 2;
+  (void)check_shm(check);
+  TensorQueue to_child = TensorQueue::create(), from_child = TensorQueue::create();
+  const pid_t echo = test::fork_child([&] {
+    from_child.send({to_child.recv(60s).at(0) * 2}, 60s);
+    flush(5s);
+  });
+  to_child.send({weights}, 60s);
+  expect(from_child.recv(60s).at(0).equal(weights * 2), "the queue's round trip");
+  REQUIRE(test::wait_child(echo, 60s) == 0);
+  for (Start start : {Start::Fork, Start::Spawn}) {
+    PoolOptions o;
+    o.devices = {"cpu", "cpu"};
+    o.start = start;
+    o.worker_executable = FERRY_WORKER_EXE;
+    o.shared = {{"w", weights}};
+    Pool pool(o);
+    CHECK(pool.submit("square", {at::full({2}, 3.0)}).get()[0][0].item<double>() == 9.0);
+  }
+  INFO("ferry entered CUDA for: " << (cuda::first_entry() ? cuda::first_entry() : "nothing"));
+  REQUIRE(cuda::first_entry() == nullptr);
+  REQUIRE_FALSE(cuda::initialised());
+
+  const pid_t child = test::fork_child([] {
+    const at::Tensor x = at::arange(4, kCuda);
+    expect((x * 2).sum().item<float>() == 12.0f, "a kernel's result in the forked child");
+  });
+  CHECK(test::wait_child(child, 120s) == 0);
 }
 
 }  // namespace

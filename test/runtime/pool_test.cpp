@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
 #include <atomic>
 #include <fstream>
 #include <random>
@@ -247,6 +249,28 @@ TEST_CASE("fork is refused after CUDA is initialised, auto then spawns") {
     if (pool.stats().workers[0].start != "spawn") ::_exit(2);
     if (pool.submit("square", {at::full({1}, 5.0)}).get()[0].item<double>() != 25.0) ::_exit(3);
   });
+}
+
+TEST_CASE("forked workers use their threads even after the supervisor ran a parallel region",
+          "[fork]") {
+  // The supervisor's own OpenMP team: a child forked by this thread would inherit it and hang
+  // at its first parallel op (runtime/fork_threads.hpp). The pool forks from its monitor thread.
+  at::set_num_threads(2);
+  REQUIRE((at::ones({4'000'000}) * 2).sum().item<double>() == 8e6);
+  PoolOptions o = cpu_pool(2);
+  o.threads_per_worker = 2;
+  Pool pool(o);
+  std::vector<std::future<Tensors>> sums;
+  for (int i = 0; i < 8; ++i) {
+    sums.push_back(pool.submit("parallel_sum", {at::scalar_tensor(4'000'000, at::kLong)}));
+  }
+  for (auto& f : sums) {
+    REQUIRE(f.wait_for(60s) == std::future_status::ready);
+    const Tensors r = f.get();
+    CHECK(r[0].item<double>() == 8e6);
+    CHECK(r[1].item<std::int64_t>() == 2);
+  }
+  at::set_num_threads(1);
 }
 
 TEST_CASE("spawned workers run the tasks of the program they were spawned from") {

@@ -3,6 +3,7 @@
 // ThreadSanitizer cannot follow from a process with threads, so `make tsan` leaves these out.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,6 +120,7 @@ TEST_CASE("ferry run --json gives the summary as one document") {
   CHECK(j.at("tasks_per_second").get<double>() > 0);
   CHECK(j.at("latency_ms").at("p99").get<double>() >= j.at("latency_ms").at("p50").get<double>());
   CHECK(j.at("inputs").at("bytes_zero_copy") == 30 * 64 * 64 * 4);  // synthetic: in the arena
+  CHECK(j.at("cuda").at("ferry_entered").is_null());  // CPU workers: the supervisor never did
   REQUIRE(j.at("workers").size() == 2);
   std::uint64_t tasks = 0;
   for (const auto& w : j.at("workers")) {
@@ -223,6 +225,66 @@ TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no s
     for (pid_t w : workers) CHECK_FALSE(ferry::process_alive(w));
     CHECK(shm_entries() == shm_before);
   }
+}
+
+// The thread of test/tools/early_thread.cpp in `pid`, found by its name; 0 until it shows.
+pid_t early_thread_of(pid_t pid) {
+  const std::string base = "/proc/" + std::to_string(pid) + "/task";
+  pid_t found = 0;
+  if (DIR* d = ::opendir(base.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string comm;
+      std::ifstream(base + "/" + e->d_name + "/comm") >> comm;
+      if (comm == "ferry-early") found = static_cast<pid_t>(std::atoi(e->d_name));
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+TEST_CASE("SIGTERM taken by a thread that started before ferry run's main still stops it cleanly") {
+  // Such a thread has the signal unblocked, and the kernel may give it a process-directed
+  // SIGTERM (a CUDA driver's threads took it on a GPU machine). Sent to that thread itself, the
+  // default action would end ferry run at once: exit 143 still, but no message, and no workers
+  // stopped. Spawned workers, so ThreadSanitizer runs it too.
+  TempDir dir;
+  const auto shm_before = shm_entries();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const std::string out = dir / "out", err = dir / "err";
+    std::freopen(out.c_str(), "w", stdout);
+    std::freopen(err.c_str(), "w", stderr);
+    ::setenv("LD_PRELOAD", FERRY_EARLY_THREAD_LIB, 1);
+    // Under ASan the preloaded library comes before the sanitizer's runtime, which it allows.
+    const char* asan = std::getenv("ASAN_OPTIONS");
+    const std::string asan_options =
+        std::string(asan ? asan : "") + (asan ? ":" : "") + "verify_asan_link_order=0";
+    ::setenv("ASAN_OPTIONS", asan_options.c_str(), 1);
+    ::execl(kFerry.c_str(), kFerry.c_str(), "run", "--task", "square", "--workers", "2", "--start",
+            "spawn", "--batches", "100000000", nullptr);
+    ::_exit(127);
+  }
+  std::vector<pid_t> workers;
+  pid_t early = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while ((workers.size() < 2 || early == 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    workers = children_of(pid);
+    early = early_thread_of(pid);
+  }
+  INFO(slurp(dir / "err"));
+  REQUIRE(early != 0);
+  REQUIRE(workers.size() == 2);
+  std::this_thread::sleep_for(300ms);  // mid-run
+  REQUIRE(::syscall(SYS_tgkill, pid, early, SIGTERM) == 0);
+  const int code = ferry::test::wait_child(pid, std::chrono::seconds(30));
+  INFO(slurp(dir / "err"));
+  CHECK(code == 128 + SIGTERM);
+  CHECK_THAT(slurp(dir / "err"), Catch::Contains("stopped by SIGTERM"));
+  for (pid_t w : workers) CHECK_FALSE(ferry::process_alive(w));
+  CHECK(shm_entries() == shm_before);
 }
 
 TEST_CASE("bad arguments and inputs are exit code 2 with the bad value named") {

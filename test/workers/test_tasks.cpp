@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include <ATen/Parallel.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -34,6 +35,14 @@ FERRY_TASK("fail_if_negative", [](TaskContext& ctx, Tensors in) {
   if (v < 0) throw std::runtime_error("asked to fail on " + std::to_string(v) + " in " + ctx.task);
   return Tensors{in.at(0) + 0};
 });
+
+// A parallel sum of in[0] (an int64 scalar) twos, and the worker's intra-op threads: what a
+// forked worker would hang at if it inherited its parent's OpenMP team.
+Tensors parallel_sum(TaskContext&, Tensors in) {
+  const at::Tensor twos = at::full({in.at(0).item<std::int64_t>()}, 2.0, at::kDouble);
+  return Tensors{twos.sum(), at::scalar_tensor(at::get_num_threads(), at::kLong)};
+}
+FERRY_TASK("parallel_sum", parallel_sum);
 
 FERRY_TASK("hang", [](TaskContext&, Tensors) -> Tensors {
   for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(100));
