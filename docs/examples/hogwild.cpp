@@ -10,6 +10,7 @@
 // A worker that dies is restarted on the same parameters; only its step in flight is lost.
 #include <zlib.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -76,12 +78,20 @@ Digits load_digits(const std::string& path) {
           x.slice(0, n - kTestImages), y.slice(0, n - kTestImages)};
 }
 
+// Seeds the CPU generator alone: torch::manual_seed seeds every GPU too, which initialises CUDA
+// in a CUDA build of LibTorch, after which this program could not fork its workers.
+void seed_cpu(std::uint64_t seed) {
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(cpu.mutex());
+  cpu.set_current_seed(seed);
+}
+
 // The model and its optimizer, built the same way in this process and in every worker.
 struct Trainer {
   torch::nn::Sequential model;
   std::unique_ptr<torch::optim::SGD> opt;
   explicit Trainer(double lr) {
-    torch::manual_seed(0);
+    seed_cpu(0);
     model = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(),
                                   torch::nn::Linear(128, 10));
     opt = std::make_unique<torch::optim::SGD>(model->parameters(),
@@ -131,7 +141,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
 
   try {
-    torch::manual_seed(0);
+    seed_cpu(0);
     const Digits d = load_digits(data);
     Trainer mine(lr);  // this process's view of the shared model, for the accuracy
     ferry::PoolOptions o;

@@ -3,9 +3,12 @@
 // training on it.
 #include <signal.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <mutex>
 #include <thread>
 
 #include "../test_util.hpp"
@@ -104,7 +107,13 @@ TEST_CASE("bad shared options are refused before any worker starts", "[pool][sha
 
 TEST_CASE("Hogwild: workers train one shared model and its shared momentum, through a crash",
           "[pool][shared]") {
-  torch::manual_seed(1);
+  // The CPU generator only: torch::manual_seed seeds every GPU too, which initialises CUDA in a
+  // CUDA build of LibTorch, and this process then may not fork its workers.
+  {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_current_seed(1);
+  }
   torch::nn::Linear model(4, 1);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   PoolOptions o = shared_pool(2, start_of(0));
