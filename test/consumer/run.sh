@@ -46,6 +46,18 @@ esac
 step "build"
 cmake --build "$work/build" -j2 || fail "build (compile or link against ferry::ferry)"
 
+# Every binary of the install and of the consumer finds each library it needs by its RUNPATH
+# alone, a LibTorch outside the system's folders (pip) included: no LD_LIBRARY_PATH here.
+step "libraries resolve without LD_LIBRARY_PATH"
+find "$prefix" "$work/build/ferry_consumer" "$work/build/my-worker" -type f \
+  \( -name '*.so*' -o -perm -u+x \) -exec sh -c 'head -c 4 "$1" | grep -q ELF' sh {} \; \
+  -print >"$work/binaries"
+[ -s "$work/binaries" ] || fail "no binaries found under $prefix"
+while IFS= read -r elf; do
+  missing=$(env -u LD_LIBRARY_PATH ldd "$elf" 2>&1 | grep 'not found' || true)
+  [ -z "$missing" ] || fail "$elf: $(echo "$missing" | tr -s ' \t\n' ' ')"
+done <"$work/binaries"
+
 step "run"
-"$work/build/ferry_consumer" || fail "ferry_consumer exited with status $?"
+env -u LD_LIBRARY_PATH "$work/build/ferry_consumer" || fail "ferry_consumer exited with status $?"
 step "passed"

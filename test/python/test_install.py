@@ -19,7 +19,10 @@ def test_the_installed_package_imports_and_runs_from_the_prefix(tmp_path):
     found = glob.glob(str(prefix / "lib" / "python3*" / "*-packages" / "ferry" / "_C*.so"))
     assert len(found) == 1, f"no ferry/_C under {prefix}: {r.stdout}"
     site = os.path.dirname(os.path.dirname(found[0]))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # The extension finds libferry, LibTorch and spdlog by its RUNPATH alone, wherever they lie.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
+    r = subprocess.run(["ldd", found[0]], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "not found" not in r.stdout, r.stdout + r.stderr
     env["PYTHONPATH"] = site
     code = ("import ferry, torch; q = ferry.Queue(); q.put(torch.ones(3)); "
             "print(ferry.__file__, q.get().sum().item())")
