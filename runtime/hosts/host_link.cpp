@@ -40,9 +40,26 @@ constexpr int kFrameTag = 0;    // frames, whose receive stays posted
 constexpr int kSlabTag = 1;     // slabs apart (host_frame.hpp), whose receive stays posted
 constexpr int kPayloadTag = 2;  // payloads apart, whose receives are posted once their frame came
 
+template <class O, class = void>
+struct HasUseLibUV : std::false_type {};
+template <class O>
+struct HasUseLibUV<O, std::void_t<decltype(std::declval<O&>().useLibUV)>> : std::true_type {};
+
+// A template, so that 1.13, which lacks the field, compiles it.
+template <class O>
+void without_libuv(O& options) {
+  if constexpr (HasUseLibUV<O>::value) options.useLibUV = false;
+  (void)options;
+}
+
 c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
                                     std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
+  // 2.4 and later default useLibUV to true, and a PyTorch built without libuv (Debian's) then
+  // refuses the store on either side: "use_libuv was requested but PyTorch was built without
+  // libuv support". libuv's server pays off with thousands of clients; a job has a few hosts,
+  // and the classic server (1.13's only one) also adopts a listening socket in every 2.x.
+  without_libuv(o);
   o.port = port;
   o.isServer = server;
   o.waitWorkers = false;  // hosts come and go; no count is known
@@ -53,17 +70,13 @@ c10d::TCPStoreOptions store_options(std::uint16_t port, bool server,
   return o;
 }
 
-// 2.x's TCPStoreOptions has masterListenFd, a listening socket its server adopts, and useLibUV,
-// whose server refuses such a socket in some 2.x releases; 1.13 has neither, and its server
-// listens on every address of the machine.
+// 2.x's TCPStoreOptions has masterListenFd, a listening socket its server adopts (with the
+// classic server, store_options); 1.13 has none, and its server listens on every address of the
+// machine.
 template <class O, class = void>
 struct HasListenFd : std::false_type {};
 template <class O>
 struct HasListenFd<O, std::void_t<decltype(std::declval<O&>().masterListenFd)>> : std::true_type {};
-template <class O, class = void>
-struct HasUseLibUV : std::false_type {};
-template <class O>
-struct HasUseLibUV<O, std::void_t<decltype(std::declval<O&>().useLibUV)>> : std::true_type {};
 
 // Hands `fd` to the store's server; called only where HasListenFd (a template, so that 1.13,
 // which lacks the fields, compiles it).
@@ -71,7 +84,6 @@ template <class O>
 void adopt_listener(O& options, int fd) {
   if constexpr (HasListenFd<O>::value) {
     options.masterListenFd = fd;
-    if constexpr (HasUseLibUV<O>::value) options.useLibUV = false;
   } else {
     (void)options;
     (void)fd;
