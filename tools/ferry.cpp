@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/script.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -138,21 +140,39 @@ std::vector<at::Tensor> load_tensors(const std::string& path) {
 }
 
 // Results for Python's torch.load: a list with one entry per input, a tensor when the task
-// returned one, else a list of its tensors.
+// returned one, else a list of its tensors. The lists go untagged: torch::jit::pickle_save tags
+// each with torch.jit._pickle.restore_type_tag (or build_tensorlist), a global that torch.load's
+// weights_only unpickler refuses, and weights_only=True is its default from PyTorch 2.6 on.
 void save_results(const std::string& path, const std::vector<ferry::Tensors>& results) {
   c10::impl::GenericList list(c10::AnyType::get());
   for (const auto& r : results) {
     if (r.size() == 1) {
       list.push_back(r[0].cpu());
     } else {
-      c10::List<at::Tensor> inner;
+      c10::impl::GenericList inner(c10::AnyType::get());  // c10::List<Tensor> would be tagged
       for (const auto& t : r) inner.push_back(t.cpu());
       list.push_back(inner);
     }
   }
-  const std::vector<char> bytes = torch::jit::pickle_save(list);
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* p, std::size_t n) { pickled.insert(pickled.end(), p, p + n); }, nullptr,
+      nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(list);
+  pickler.stop();
+  // The zip archive torch.save writes, as torch::jit::pickle_save makes it.
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  {
+    caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, std::size_t n) -> std::size_t {
+      f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+      return f ? n : 0;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                       zip);
+    zip.writeEndOfFile();
+  }
+  f.flush();
   if (!f) throw BadInput("cannot write --output '" + path + "': " + std::strerror(errno));
 }
 

@@ -153,7 +153,8 @@ torch.save(tuple(xs), d + '/in_tuple.pt')
     CHECK_THAT(r.out, Catch::Contains("wrote 4 results"));
     CHECK(python(dir, R"(
 d = sys.argv[1]
-xs, ys = torch.load(d + '/in.pt'), torch.load(d + '/out.pt')
+# weights_only: PyTorch 2.6's default, which refuses anything but tensors and containers
+xs, ys = torch.load(d + '/in.pt'), torch.load(d + '/out.pt', weights_only=True)
 assert isinstance(ys, list) and len(ys) == len(xs), ys
 for x, y in zip(xs, ys):
     assert y.dtype == x.dtype and y.shape == x.shape, (x, y)
@@ -189,11 +190,37 @@ with torch.no_grad():
   REQUIRE(r.code == 0);
   CHECK(python(dir, R"(
 d = sys.argv[1]
-want, got = torch.load(d + '/expected.pt'), torch.load(d + '/out.pt')
+want, got = torch.load(d + '/expected.pt'), torch.load(d + '/out.pt', weights_only=True)
 assert len(want) == len(got) == 12
 for w, g in zip(want, got):
     assert w.shape == g.shape, (w.shape, g.shape)
     assert torch.allclose(w, g, rtol=1e-5, atol=1e-6), (w - g).abs().max()
+)"));
+}
+
+TEST_CASE("a model returning several tensors gives a list of them per input, for torch.load",
+          "[fork]") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+class Two(torch.nn.Module):
+    def forward(self, x):
+        return x * 2, x.sum(dim=0)
+torch.jit.script(Two()).save(d + '/model.pt')
+torch.save([torch.full((2, 3), float(i)) for i in range(5)], d + '/in.pt')
+)"));
+  const Ran r = run(dir, "run --task torchscript --model " + (dir / "model.pt") + " --input " +
+                             (dir / "in.pt") + " --output " + (dir / "out.pt") + " --workers 2");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(python(dir, R"(
+d = sys.argv[1]
+got = torch.load(d + '/out.pt', weights_only=True)
+assert isinstance(got, list) and len(got) == 5, got
+for i, (a, b) in enumerate(got):
+    assert torch.equal(a, torch.full((2, 3), 2.0 * i)), a
+    assert torch.equal(b, torch.full((3,), 2.0 * i)), b
 )"));
 }
 
