@@ -163,6 +163,14 @@ for x, y in zip(xs, ys):
   }
 }
 
+// ferry run --task torchscript on dir's model.pt and in.pt, into out.pt, with 2 workers.
+void run_model(const TempDir& dir) {
+  const Ran r = run(dir, "run --task torchscript --model " + (dir / "model.pt") + " --input " +
+                             (dir / "in.pt") + " --output " + (dir / "out.pt") + " --workers 2");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+}
+
 TEST_CASE("ferry run --task torchscript gives what Python gets running the model itself",
           "[fork]") {
   if (skip_without_python_torch()) return;
@@ -184,10 +192,7 @@ torch.save(xs, d + '/in.pt')
 with torch.no_grad():
     torch.save([m(x) for x in xs], d + '/expected.pt')
 )"));
-  const Ran r = run(dir, "run --task torchscript --model " + (dir / "model.pt") + " --input " +
-                             (dir / "in.pt") + " --output " + (dir / "out.pt") + " --workers 2");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
+  run_model(dir);
   CHECK(python(dir, R"(
 d = sys.argv[1]
 want, got = torch.load(d + '/expected.pt'), torch.load(d + '/out.pt', weights_only=True)
@@ -210,10 +215,7 @@ class Two(torch.nn.Module):
 torch.jit.script(Two()).save(d + '/model.pt')
 torch.save([torch.full((2, 3), float(i)) for i in range(5)], d + '/in.pt')
 )"));
-  const Ran r = run(dir, "run --task torchscript --model " + (dir / "model.pt") + " --input " +
-                             (dir / "in.pt") + " --output " + (dir / "out.pt") + " --workers 2");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
+  run_model(dir);
   CHECK(python(dir, R"(
 d = sys.argv[1]
 got = torch.load(d + '/out.pt', weights_only=True)
