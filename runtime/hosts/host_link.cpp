@@ -356,6 +356,18 @@ struct HostLink::Impl {
     }
   }
 
+  // Posts the next receive while the one that just completed is still being read. A peer that
+  // sent its last message and closed makes that post fail: the link breaks (the next use says
+  // so), but what already arrived is still delivered.
+  template <class Post>
+  void post_ahead(Post post) {
+    try {
+      post();
+    } catch (const Error& e) {
+      log().debug("host link {}: {}", name, e.detail());
+    }
+  }
+
   // Posts the receive of the next frame, `wide` or not, into recv_frames[which].
   void post_frame(int which, bool wide) {
     frame_work = post(recv_frames[which].get(), wide ? kWideFrameBytes : kFrameBytes, kFrameTag,
@@ -377,7 +389,7 @@ struct HostLink::Impl {
              payload_wait(options.timeout, kSlabBytes, options.min_bytes_per_s),
              "receiving a slab");
     const int full = slab_posted;
-    post_slab(1 - full);
+    post_ahead([&] { post_slab(1 - full); });
     return recv_slabs[full];
   }
 };
@@ -526,7 +538,7 @@ Message HostLink::recv(std::chrono::milliseconds timeout) {
     throw Error(Errc::bad_record, "host link " + impl_->name + ": " + e.detail());
   }
   // The next frame's receive goes up before this one is read any further.
-  impl_->post_frame(1 - full, m.frame.next_wide);
+  impl_->post_ahead([&] { impl_->post_frame(1 - full, m.frame.next_wide); });
   const Carrier carrier = carrier_of(m.frame);
   // The bytes the tensors are copied from, one after the other, unless they come apart.
   const std::uint8_t* carried = nullptr;

@@ -318,6 +318,27 @@ TEST_CASE("hosts: a killed peer breaks the link at once, with peer_dead, for goo
   }  // the broken link's teardown returns
 }
 
+TEST_CASE("hosts: a peer's last message, sent just before it exits, is delivered, then peer_dead",
+          "[multihost]") {
+  test::ForkedHost peer(as_host([](HostLink& link) {
+    link.send(FrameKind::heartbeat, 0, "", {});
+    link.send(FrameKind::result, 7, "last words", {at::arange(6, at::kFloat)});
+    return 0;  // and exits: its connection closes behind the message
+  }));
+  auto store = listen_store("127.0.0.1", 0, 10s);
+  const auto owner = heard_from(peer, store);  // the head then waits for the next frame
+  HostLink& link = *owner;
+  REQUIRE(peer.exit_code() == 0);
+  // The message had arrived; the receive the head posts after it is what finds the link closed.
+  const Message m = link.recv(10s);
+  CHECK(m.frame.seq == 7);
+  CHECK(m.frame.body == "last words");
+  REQUIRE(m.tensors.size() == 1);
+  CHECK(at::equal(m.tensors[0], at::arange(6, at::kFloat)));
+  CHECK(code_of([&] { link.recv(10s); }) == Errc::peer_dead);
+  CHECK(link.broken());
+}
+
 TEST_CASE("hosts: a frozen peer is noticed at the receive's timeout", "[multihost]") {
   test::ForkedHost peer(heartbeat_then_idle());
   auto store = listen_store("127.0.0.1", 0, 10s);
