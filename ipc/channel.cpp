@@ -21,6 +21,7 @@
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/spin_policy.hpp"
+#include "ipc/step_times.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define FERRY_UNDER_TSAN 1
@@ -692,6 +693,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
               "consumers, pass a longer timeout, or create the channel with a larger "
               "capacity");
     }
+    const steps::Timed waiting("push: wait for room");
     wait_for_change(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, seen,
                     deadline.slice(), push_spin_);
   }
@@ -757,6 +759,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
                                      ": the channel stayed empty; check that a producer is "
                                      "pushing, or pass a longer timeout (kForever to wait)");
     }
+    const steps::Timed waiting("pop: wait for a message");
     wait_for_change(&h->not_empty_seq, &h->empty_waiters, &h->not_empty_woken_ns, seen,
                     deadline.slice(), pop_spin_);
   }

@@ -1,5 +1,7 @@
 #include "runtime/cuda_stream.hpp"
 
+#include "ipc/step_times.hpp"
+
 // c10_cuda is linked only when the LibTorch found has it (FERRY_TORCH_CUDA, set by CMake), so
 // the same source builds against the CPU-only LibTorch of a distribution.
 #ifdef FERRY_TORCH_CUDA
@@ -10,6 +12,7 @@ namespace ferry::detail {
 
 void* current_cuda_stream([[maybe_unused]] int device) {
 #ifdef FERRY_TORCH_CUDA
+  const steps::Timed step("c10::cuda::getCurrentCUDAStream");
   return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 #else
   return nullptr;

@@ -32,6 +32,7 @@
 #include "ipc/segment.hpp"
 #include "ipc/segment_server.hpp"
 #include "ipc/stats.hpp"
+#include "ipc/step_times.hpp"
 #include "runtime/cuda_ipc.hpp"
 #include "runtime/cuda_stream.hpp"
 #include "runtime/dtype.hpp"
@@ -119,13 +120,17 @@ struct Sender {
   // a look for holders that died (the supervisor's pidfd tells the pool sooner; this covers
   // any receiver).
   static void reap(Ledger& l) {
+    steps::set_thread_role("reaper");
     auto next_dead_check = Clock::now();
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       if (g_exiting) return;
       const bool dead_due = Clock::now() >= next_dead_check;
       if (dead_due) next_dead_check = Clock::now() + kOwnerCheck;
-      if (dead_due || l.has_releases()) l.reclaim(dead_due);
+      if (dead_due || l.has_releases()) {
+        const steps::Timed step("reaper: reclaim leases");
+        l.reclaim(dead_due);
+      }
     }
   }
   // Whether a copy on `device` could travel by handle: one small allocation from LibTorch's
@@ -213,6 +218,7 @@ class Importer {
   // Releases leases whose views died and closes allocations nobody views, after the device is
   // done with them; every 100 ms also checks that the owners of open allocations are alive.
   void closer() {
+    steps::set_thread_role("closer");
     auto next_check = Clock::now() + kOwnerCheck;
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
@@ -228,6 +234,7 @@ class Importer {
       if (w.empty()) continue;
       lock.unlock();
       std::map<int, bool> synced;
+      const steps::Timed step("closer: close mappings, release leases");
       for (const auto& c : w.close) {
         cuda::Status s = cuda::close_mem_handle(c.device, c.local);
         synced[c.device] = true;
@@ -313,6 +320,7 @@ struct CudaView {
 };
 
 void cuda_view_deleter(void* ctx) {
+  const steps::Timed step("drop: a received CUDA view");
   auto* v = static_cast<CudaView*>(ctx);
   // A forked child's copy of a received tensor does not hold the lease; its parent does.
   if (v->holder == current_pid()) {
@@ -383,6 +391,7 @@ void require_cuda_torch() {
 }
 
 at::Tensor copy_on_device(const at::Tensor& t) {
+  const steps::Timed step("copy on the device");
   if (t.is_non_overlapping_and_dense()) {
     return at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
   }
@@ -403,6 +412,7 @@ bool exportable(const cuda::BlockInfo& b) {
 // the ledger is still there when the lease is taken.
 cuda::SendFacts gather_facts_locked(Sender& s, const at::Tensor& t, const ReceiverHint& to,
                                     bool detached, bool received) {
+  const steps::Timed step("send: gather the facts (send_policy)");
   const int device = t.device().index();
   cuda::SendFacts f;
   f.detached = detached;
@@ -429,6 +439,7 @@ cuda::SendFacts gather_facts_locked(Sender& s, const at::Tensor& t, const Receiv
 // s.mu and found a lease slot free.
 CudaOutgoing send_by_handle_locked(Sender& s, const at::Tensor& shared,
                                    const cuda::BlockInfo& block) {
+  const steps::Timed step("send: by handle (record, lease, event)");
   const int device = shared.device().index();
   Ledger& ledger = s.ledger_locked();
   CudaOutgoing out{
@@ -503,6 +514,7 @@ CudaOutgoing send_by_handle_locked(Sender& s, const at::Tensor& shared,
 // tensor keeps its strides; its elements fill exactly nbytes() from the first one. With
 // `uuid`, the receiver moves it back to that device.
 CudaOutgoing send_through_shm(const at::Tensor& t, Arena& arena, const cuda::Uuid* uuid) {
+  const steps::Timed step("send: through shared memory (host copy)");
   const bool dense = t.is_non_overlapping_and_dense();
   at::Tensor host =
       allocate_in_arena(arena, t.sizes(), dense ? t.strides() : c10::contiguous_strides(t.sizes()),
@@ -523,6 +535,7 @@ CudaOutgoing send_through_shm(const at::Tensor& t, Arena& arena, const cuda::Uui
 
 CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
                          const ReceiverHint& to, bool detached) {
+  const steps::Timed step("send: encode a CUDA tensor");
   check_sendable(t, index);
   const int device = t.device().index();
   const bool received = is_cuda_received(t);
@@ -579,6 +592,7 @@ std::size_t cuda_in_flight() {
 // ---- receiving --------------------------------------------------------------------------
 
 std::shared_ptr<Segment> claim_cuda(const wire::Record& r, pid_t me) {
+  const steps::Timed step("recv: claim a CUDA record (in the pop)");
   require_cuda_torch();
   if (r.event_slot != wire::kNoEvent) {
     const bool local = from_this_process(r);
@@ -626,6 +640,7 @@ std::shared_ptr<Segment> claim_cuda(const wire::Record& r, pid_t me) {
 }
 
 at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, pid_t me) {
+  const steps::Timed step("recv: decode a CUDA record");
   const at::ScalarType dtype = from_wire_dtype(r.dtype);
   const at::IntArrayRef sizes(r.sizes, r.rank);
   const at::IntArrayRef strides(r.strides, r.rank);

@@ -11,6 +11,7 @@
 #include "ipc/receipt_policy.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/stats.hpp"
+#include "ipc/step_times.hpp"
 #include "runtime/dtype.hpp"
 #include "runtime/received_storages.hpp"
 
@@ -35,6 +36,7 @@ void owned_deleter(void* ctx) {
 }
 
 void received_deleter(void* ctx) {
+  const steps::Timed step("drop: a received CPU view");
   auto* c = static_cast<ReceivedContext*>(ctx);
   // A forked child's copy of a received tensor does not hold the lease; its parent does.
   if (c->holder == current_pid()) Ledger::release(*c->ledger, c->slot, c->gen, c->holder);

@@ -17,6 +17,7 @@
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/stats.hpp"
+#include "ipc/step_times.hpp"
 #include "ipc/wire.hpp"
 #include "runtime/cuda_transport.hpp"
 #include "runtime/received_storages.hpp"
@@ -96,6 +97,7 @@ void claim_records(const std::byte* bytes, std::uint32_t count, Channel& channel
         c.ledger = detail::claim_cuda(r, me);
         continue;
       }
+      const steps::Timed step("recv: claim a CPU record (in the pop)");
       auto ledger = map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout, custody,
                                      &c.sender_exited);
       if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
@@ -238,6 +240,7 @@ void TensorQueue::set_receiver(pid_t pid, int cuda_device) noexcept {
 SendReport TensorQueue::send_message(const Tensors& body,
                                      const std::function<at::Tensor(const SendReport&)>* describe,
                                      const SendOptions& options) {
+  const steps::Timed step("send");
   const std::size_t first = describe ? 1 : 0;  // where body starts in the message
   const std::size_t tensors = body.size() + first;
   const std::size_t n = std::max<std::size_t>(tensors, 1);
@@ -271,6 +274,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
       sent.copied = o.copied;
       sent.cuda = true;
     } else {
+      const steps::Timed encoding("send: encode a CPU tensor");
       detail::Outgoing o = detail::encode(t, i, arena, options.detached);
       r = o.record;
       leases.emplace_back(&ledger, o.lease);
@@ -288,6 +292,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
     }
     for (std::size_t i = 0; i < body.size(); ++i) encode(body[i], first + i, report.tensors[i]);
     if (describe) encode((*describe)(report), 0, header);
+    const steps::Timed pushing("send: push");
     seq = channel_->push(records.data(), static_cast<std::uint32_t>(n), options.timeout);
   } catch (...) {
     abandon();
@@ -301,15 +306,19 @@ SendReport TensorQueue::send_message(const Tensors& body,
 }
 
 Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
+  const steps::Timed step("recv");
   // Before the pop: a bad FERRY_COPY_ON_RECEIPT_BELOW fails with no message taken, and storages
   // received from senders that died move into this process (at most every 100 ms).
   detail::copy_on_receipt_below();
   detail::relocate_from_dead_if_due();
   std::vector<std::byte> bytes;
   std::vector<Claimed> claimed;
-  channel_->pop(bytes, timeout, [&](const std::byte* recs, std::uint32_t count, std::uint64_t) {
-    claim_records(recs, count, *channel_, claimed);
-  });
+  {
+    const steps::Timed popping("recv: pop");
+    channel_->pop(bytes, timeout, [&](const std::byte* recs, std::uint32_t count, std::uint64_t) {
+      claim_records(recs, count, *channel_, claimed);
+    });
+  }
 
   // Build every tensor before reporting any failure: a tensor built owns its lease, so on error
   // the ones already built release theirs as `out` unwinds, and unclaimed ones are released here.
@@ -332,6 +341,7 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
             out.push_back(
                 detail::to_staged_device(detail::decode(r, std::move(c.data), c.ledger, me), r));
           } else {
+            const steps::Timed decoding("recv: decode a CPU record");
             out.push_back(detail::decode(r, std::move(c.data), c.ledger, me, c.sender_exited));
           }
           detail::bump(detail::counters().tensors_received);

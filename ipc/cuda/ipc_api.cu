@@ -6,6 +6,7 @@
 
 #include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/ipc_api.hpp"
+#include "ipc/step_times.hpp"
 
 namespace ferry::cuda {
 namespace {
@@ -22,6 +23,13 @@ Status fail_driver(const char* call, CUresult r) {
   if (r == CUDA_SUCCESS) return {};
   return {static_cast<int>(cudaErrorUnknown),
           std::string(call) + " failed with CUresult " + std::to_string(static_cast<int>(r))};
+}
+
+// Calls `f`, timed as step `name` (ferry-cuda-bench --breakdown; free while the tally is off).
+template <class F>
+auto timed(const char* name, F f) {
+  const steps::Timed t(name);
+  return f();
 }
 
 using PointerGetAttributesFn = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
@@ -46,12 +54,16 @@ PointerGetAttributesFn pointer_get_attributes() {
 template <class F>
 Status on_device(int device, F f) {
   int previous = 0;
-  if (cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess) return fail("cudaGetDevice", e);
+  if (cudaError_t e = timed("cudaGetDevice", [&] { return cudaGetDevice(&previous); });
+      e != cudaSuccess)
+    return fail("cudaGetDevice", e);
   if (previous != device) {
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return fail("cudaSetDevice", e);
+    if (cudaError_t e = timed("cudaSetDevice", [&] { return cudaSetDevice(device); });
+        e != cudaSuccess)
+      return fail("cudaSetDevice", e);
   }
   Status s = f();
-  if (previous != device) (void)cudaSetDevice(previous);
+  if (previous != device) (void)timed("cudaSetDevice", [&] { return cudaSetDevice(previous); });
   return s;
 }
 
@@ -91,8 +103,9 @@ Status block_of(const void* ptr, BlockInfo* out) noexcept {
   void* mempool = nullptr;
   unsigned legacy = 0;
   void* values[] = {&memory_type, &ordinal, &start, &size, &buffer_id, &managed, &mempool, &legacy};
-  CUresult r =
-      get(sizeof attrs / sizeof attrs[0], attrs, values, reinterpret_cast<CUdeviceptr>(ptr));
+  CUresult r = timed("cuPointerGetAttributes", [&] {
+    return get(sizeof attrs / sizeof attrs[0], attrs, values, reinterpret_cast<CUdeviceptr>(ptr));
+  });
   if (r != CUDA_SUCCESS) return fail_driver("cuPointerGetAttributes", r);
   out->device = ordinal;
   out->base = static_cast<std::uintptr_t>(start);
@@ -118,7 +131,9 @@ Status block_of(const void* ptr, BlockInfo* out) noexcept {
 Status device_uuid(int device, Uuid* out) noexcept {
   enter("cudaGetDeviceProperties");
   cudaDeviceProp p{};
-  if (cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) {
+  if (cudaError_t e =
+          timed("cudaGetDeviceProperties", [&] { return cudaGetDeviceProperties(&p, device); });
+      e != cudaSuccess) {
     return fail("cudaGetDeviceProperties", e);
   }
   std::memcpy(out->data(), p.uuid.bytes, out->size());
@@ -143,7 +158,8 @@ bool can_access_peer(int from, int to) noexcept {
   if (from == to) return true;
   enter("cudaDeviceCanAccessPeer");
   int ok = 0;
-  if (cudaDeviceCanAccessPeer(&ok, from, to) != cudaSuccess) {
+  if (timed("cudaDeviceCanAccessPeer", [&] { return cudaDeviceCanAccessPeer(&ok, from, to); }) !=
+      cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -154,7 +170,8 @@ Status get_mem_handle(int device, std::uintptr_t base, IpcHandle* out) noexcept 
   enter("cudaIpcGetMemHandle");
   return on_device(device, [&] {
     cudaIpcMemHandle_t h;
-    cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    cudaError_t e = timed("cudaIpcGetMemHandle",
+                          [&] { return cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)); });
     if (e == cudaSuccess) std::memcpy(out->data(), &h, out->size());
     return fail("cudaIpcGetMemHandle", e);
   });
@@ -166,7 +183,9 @@ Status open_mem_handle(int device, const IpcHandle& handle, void** out,
   return on_device(device, [&] {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof h);
-    cudaError_t e = cudaIpcOpenMemHandle(out, h, cudaIpcMemLazyEnablePeerAccess);
+    cudaError_t e = timed("cudaIpcOpenMemHandle", [&] {
+      return cudaIpcOpenMemHandle(out, h, cudaIpcMemLazyEnablePeerAccess);
+    });
     if (e != cudaSuccess) return fail("cudaIpcOpenMemHandle", e);
     BlockInfo info;
     Status s = block_of(*out, &info);
@@ -180,10 +199,12 @@ Status close_mem_handle(int device, void* ptr) noexcept {
   return on_device(device, [&] {
     // Views may have been used on any stream of this process: wait for all of them before the
     // mapping goes, so no kernel reads a block its owner is about to reuse.
-    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    if (cudaError_t e = timed("cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); });
+        e != cudaSuccess) {
       return fail("cudaDeviceSynchronize", e);
     }
-    return fail("cudaIpcCloseMemHandle", cudaIpcCloseMemHandle(ptr));
+    return fail("cudaIpcCloseMemHandle",
+                timed("cudaIpcCloseMemHandle", [&] { return cudaIpcCloseMemHandle(ptr); }));
   });
 }
 
@@ -191,10 +212,12 @@ Status create_ipc_event(int device, void** event, IpcHandle* handle) noexcept {
   enter("cudaEventCreateWithFlags");
   return on_device(device, [&] {
     cudaEvent_t ev = nullptr;
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming);
+    cudaError_t e = timed("cudaEventCreateWithFlags", [&] {
+      return cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming);
+    });
     if (e != cudaSuccess) return fail("cudaEventCreateWithFlags", e);
     cudaIpcEventHandle_t h;
-    e = cudaIpcGetEventHandle(&h, ev);
+    e = timed("cudaIpcGetEventHandle", [&] { return cudaIpcGetEventHandle(&h, ev); });
     if (e != cudaSuccess) {
       (void)cudaEventDestroy(ev);
       return fail("cudaIpcGetEventHandle", e);
@@ -211,7 +234,7 @@ Status open_event_handle(int device, const IpcHandle& handle, void** event) noex
     cudaIpcEventHandle_t h;
     std::memcpy(&h, handle.data(), sizeof h);
     cudaEvent_t ev = nullptr;
-    cudaError_t e = cudaIpcOpenEventHandle(&ev, h);
+    cudaError_t e = timed("cudaIpcOpenEventHandle", [&] { return cudaIpcOpenEventHandle(&ev, h); });
     if (e == cudaSuccess) *event = ev;
     return fail("cudaIpcOpenEventHandle", e);
   });
@@ -220,30 +243,62 @@ Status open_event_handle(int device, const IpcHandle& handle, void** event) noex
 Status destroy_event(int device, void* event) noexcept {
   enter("cudaEventDestroy");
   return on_device(device, [&] {
-    return fail("cudaEventDestroy", cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+    return fail("cudaEventDestroy", timed("cudaEventDestroy", [&] {
+                  return cudaEventDestroy(static_cast<cudaEvent_t>(event));
+                }));
   });
 }
 
 Status record_event(void* event, void* stream) noexcept {
   enter("cudaEventRecord");
-  return fail("cudaEventRecord",
-              cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+  return fail("cudaEventRecord", timed("cudaEventRecord", [&] {
+                return cudaEventRecord(static_cast<cudaEvent_t>(event),
+                                       static_cast<cudaStream_t>(stream));
+              }));
 }
 
 Status stream_wait_event(void* stream, void* event) noexcept {
   enter("cudaStreamWaitEvent");
-  return fail("cudaStreamWaitEvent", cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                                         static_cast<cudaEvent_t>(event), 0));
+  return fail("cudaStreamWaitEvent", timed("cudaStreamWaitEvent", [&] {
+                return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                           static_cast<cudaEvent_t>(event), 0);
+              }));
 }
 
 Status stream_synchronize(void* stream) noexcept {
   enter("cudaStreamSynchronize");
-  return fail("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return fail("cudaStreamSynchronize", timed("cudaStreamSynchronize", [&] {
+                return cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+              }));
 }
 
 Status synchronize_device(int device) noexcept {
   enter("cudaDeviceSynchronize");
-  return on_device(device, [] { return fail("cudaDeviceSynchronize", cudaDeviceSynchronize()); });
+  return on_device(device, [] {
+    return fail("cudaDeviceSynchronize",
+                timed("cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); }));
+  });
+}
+
+Status create_timing_event(int device, void** event) noexcept {
+  enter("cudaEventCreate");
+  return on_device(device, [&] {
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreate(&ev);
+    if (e == cudaSuccess) *event = ev;
+    return fail("cudaEventCreate", e);
+  });
+}
+
+Status event_synchronize(void* event) noexcept {
+  enter("cudaEventSynchronize");
+  return fail("cudaEventSynchronize", cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+Status elapsed_ms(void* start, void* end, float* ms) noexcept {
+  enter("cudaEventElapsedTime");
+  return fail("cudaEventElapsedTime", cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start),
+                                                           static_cast<cudaEvent_t>(end)));
 }
 
 }  // namespace ferry::cuda

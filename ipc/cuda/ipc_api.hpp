@@ -73,4 +73,10 @@ Status stream_synchronize(void* stream) noexcept;
 // Waits for all work this process queued on `device`.
 Status synchronize_device(int device) noexcept;
 
+// Timing events (no interprocess flag), for the benchmarks: the device's own clock, on a stream.
+Status create_timing_event(int device, void** event) noexcept;
+Status event_synchronize(void* event) noexcept;
+// Milliseconds between two recorded timing events, once `end` has completed.
+Status elapsed_ms(void* start, void* end, float* ms) noexcept;
+
 }  // namespace ferry::cuda

@@ -58,5 +58,14 @@ Status stream_synchronize(void*) noexcept {
 Status synchronize_device(int) noexcept {
   return unbuilt();
 }
+Status create_timing_event(int, void**) noexcept {
+  return unbuilt();
+}
+Status event_synchronize(void*) noexcept {
+  return unbuilt();
+}
+Status elapsed_ms(void*, void*, float*) noexcept {
+  return unbuilt();
+}
 
 }  // namespace ferry::cuda
