@@ -5,6 +5,10 @@
 //   first_open  what a receiver pays the first time it meets an allocation (cudaIpcOpenMemHandle)
 //   copy        copy-on-send (a detached send) bandwidth against a device-to-device copy
 //   ledger      the lease's cost per send in the CUDA ledger (shared memory: runs without a GPU)
+// --breakdown runs the hand-off once more with ferry's step tally on (ipc/step_times.hpp) and
+// prints where each side's time goes: every CUDA call and every transport step, per round trip.
+// --device cpu runs the hand-off (and its breakdown) with a CPU tensor in shared memory instead:
+// the path without CUDA, on any machine.
 // p50 is the median; percentiles are nearest-rank, as in the peer. Without a GPU the CUDA rows say
 // why they were skipped and the run exits 0, so `make bench` runs anywhere; docs/benchmarks.md
 // explains the numbers.
@@ -33,6 +37,9 @@
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/ledger.hpp"
 #include "ipc/segment.hpp"
+#include "ipc/step_times.hpp"
+#include "runtime/cuda_stream.hpp"
+#include "runtime/cuda_transport.hpp"
 #include "runtime/ferry.hpp"
 
 namespace {
@@ -67,6 +74,8 @@ struct Config {
   std::string peer;
   bool torch = true;
   std::string json_path;
+  bool breakdown = false;
+  std::string device = "cuda";  // or "cpu": the hand-off only, through shared memory
 };
 
 // Nearest-rank percentile (pct an integer percent), the definition cuda_peer.py uses.
@@ -155,29 +164,74 @@ json in_child(const char* name, F fn) {
   return j;
 }
 
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+
+// The hand-off's tensor: 1 MiB of float32 on cuda:0, or in shared memory with --device cpu.
+at::Tensor handoff_tensor(const Config& cfg) {
+  if (cfg.device == "cpu") return ferry::empty_shared({kHandoffFloats}, at::kFloat).fill_(1);
+  return at::ones({kHandoffFloats}, kCuda);
+}
+
+// This process's step tally, per round trip, biggest first.
+json tally_per_round_trip(int round_trips) {
+  std::vector<ferry::steps::Tally> all = ferry::steps::snapshot();
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.ns > b.ns; });
+  json out = json::array();
+  for (const auto& t : all) {
+    out.push_back({{"step", t.step},
+                   {"thread", t.thread},
+                   {"calls", static_cast<double>(t.calls) / round_trips},
+                   {"us", static_cast<double>(t.ns) / 1e3 / round_trips}});
+  }
+  return out;
+}
+
 // The parent sends one persistent 1 MiB tensor, the child answers with its own: after warm-up
-// both ends hit their caches, so this is the cost of a cached hand-off each way.
-json handoff(const Config& cfg) {
+// both ends hit their caches, so this is the cost of a cached hand-off each way. With `tally`,
+// each side counts its steps over the timed round trips, and the child's come back by a pipe.
+json handoff(const Config& cfg, bool tally = false) {
   auto there = ferry::TensorQueue::create({4});
   auto back = ferry::TensorQueue::create({4});
   const int total = cfg.round_trips + kWarmupRoundTrips;
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe");
   const pid_t child = fork_child([&] {
-    at::Tensor mine = at::ones({kHandoffFloats}, kCuda);
+    ::close(fds[0]);
+    at::Tensor mine = handoff_tensor(cfg);
+    ferry::steps::enable(tally);
     for (int i = 0; i < total; ++i) {
+      if (i == kWarmupRoundTrips) ferry::steps::reset();
       ferry::Tensors m = there.recv(60s);
       back.send({mine}, 60s);
     }
+    const std::string steps = tally_per_round_trip(cfg.round_trips).dump();
+    (void)!::write(fds[1], steps.data(), steps.size());
   });
-  at::Tensor mine = at::ones({kHandoffFloats}, kCuda);
+  ::close(fds[1]);
+  at::Tensor mine = handoff_tensor(cfg);
+  ferry::steps::enable(tally);
   std::vector<double> us;
   for (int i = 0; i < total; ++i) {
+    if (i == kWarmupRoundTrips) ferry::steps::reset();
     const auto t0 = Clock::now();
     there.send({mine}, 60s);
     ferry::Tensors reply = back.recv(60s);
     if (i >= kWarmupRoundTrips) us.push_back(us_since(t0));
   }
+  const json first = tally_per_round_trip(cfg.round_trips);
+  ferry::steps::enable(false);
+  const json echo = json::parse(read_all(fds[0]), nullptr, /*allow_exceptions=*/false);
+  ::close(fds[0]);
   if (reap(child) != 0) throw std::runtime_error("hand-off child failed");
-  return {{"p50_us", percentile(us, 50)}, {"p99_us", percentile(us, 99)}, {"n", us.size()}};
+  json r = {{"p50_us", percentile(us, 50)}, {"p99_us", percentile(us, 99)}, {"n", us.size()}};
+  if (tally) r["steps"] = {{"first", first}, {"echo", echo}};
+  return r;
 }
 
 // A receiver that closes mappings at once (FERRY_CUDA_LINGER_MS=0) and waits for the closer
@@ -228,39 +282,106 @@ json first_open(const Config& cfg) {
           {"opens_seen", static_cast<int>(result[2])}};
 }
 
-// Detached sends copy into a fresh block on the device; a device-to-device copy of the same
-// bytes is the ceiling. Each timed from the call until the device finished it.
+// The device's own clock: two timing events on cuda:0's current stream around the work.
+class DeviceTimer {
+ public:
+  DeviceTimer() {
+    check(ferry::cuda::create_timing_event(0, &start_), "creating a timing event");
+    check(ferry::cuda::create_timing_event(0, &end_), "creating a timing event");
+  }
+  // Seconds the device spent between the work's first and last operation on the stream.
+  template <class F>
+  double seconds(F work) {
+    void* stream = ferry::detail::current_cuda_stream(0);
+    check(ferry::cuda::record_event(start_, stream), "recording a timing event");
+    work();
+    check(ferry::cuda::record_event(end_, stream), "recording a timing event");
+    check(ferry::cuda::event_synchronize(end_), "waiting for a timing event");
+    float ms = 0;
+    check(ferry::cuda::elapsed_ms(start_, end_, &ms), "reading a timing event");
+    return ms / 1e3;
+  }
+
+ private:
+  static void check(const ferry::cuda::Status& s, const char* doing) {
+    if (!s.ok()) throw std::runtime_error(std::string(doing) + ": " + s.error);
+  }
+  void* start_ = nullptr;
+  void* end_ = nullptr;
+};
+
+// Waits until every CUDA lease this process gave out has come back, so the copies they held are
+// in LibTorch's cache again: each timed copy then starts from the same allocator state.
+void wait_for_leases() {
+  const auto until = Clock::now() + 10s;
+  while (ferry::detail::cuda_in_flight() != 0) {
+    if (Clock::now() > until) throw std::runtime_error("a CUDA lease did not come back in 10 s");
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+// Copy-on-send (a detached send: a fresh block on the device, exported) against a
+// device-to-device copy of the same bytes into a fresh block, timed alike: a DeviceTimer on the
+// same stream, after a warm-up, each from the same allocator state (the last copy back in
+// LibTorch's cache) and with the receiver idle (it has dropped the tensor and said so, and its
+// mapping is closed: FERRY_CUDA_LINGER_MS=0). Then the peer copy: what the receiver pays to copy
+// a tensor it received by handle, instead of using it in place, timed the same way there.
 json copy_bandwidth(const Config& cfg) {
   auto q = ferry::TensorQueue::create({4});
+  auto back = ferry::TensorQueue::create({4});
   const int total = cfg.copies + kWarmupCopies;
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe");
   const pid_t child = fork_child([&] {
-    for (int i = 0; i < total; ++i) q.recv(60s);
+    ::close(fds[0]);
+    ::setenv("FERRY_CUDA_LINGER_MS", "0", 1);
+    for (int i = 0; i < total; ++i) {
+      q.recv(60s);  // dropped at once
+      back.send({}, 60s);
+    }
+    DeviceTimer timer;
+    std::vector<double> peer_s;
+    for (int i = 0; i < total; ++i) {
+      ferry::Tensors m = q.recv(60s);
+      const double t = timer.seconds([&] { at::empty_like(m[0]).copy_(m[0]); });
+      if (i >= kWarmupCopies) peer_s.push_back(t);
+      m.clear();
+      back.send({}, 60s);
+    }
+    const double median = percentile(peer_s, 50);
+    (void)!::write(fds[1], &median, sizeof median);
   });
+  ::close(fds[1]);
   at::Tensor x = at::ones({cfg.copy_bytes / 4}, kCuda);
+  DeviceTimer timer;
   std::vector<double> send_s, memcpy_s;
   ferry::TensorQueue::SendOptions detached;
   detached.detached = true;
   detached.timeout = 60s;
   for (int i = 0; i < total; ++i) {
-    (void)ferry::cuda::synchronize_device(0);
-    auto t0 = Clock::now();
-    q.send({x}, detached);
-    (void)ferry::cuda::synchronize_device(0);
-    if (i >= kWarmupCopies) send_s.push_back(us_since(t0) / 1e6);
-    t0 = Clock::now();
-    at::Tensor y = at::empty_like(x).copy_(x);
-    (void)ferry::cuda::synchronize_device(0);
-    if (i >= kWarmupCopies) memcpy_s.push_back(us_since(t0) / 1e6);
+    const double sent = timer.seconds([&] { q.send({x}, detached); });
+    back.recv(60s);
+    wait_for_leases();
+    const double copied = timer.seconds([&] { at::empty_like(x).copy_(x); });
+    if (i >= kWarmupCopies) {
+      send_s.push_back(sent);
+      memcpy_s.push_back(copied);
+    }
   }
-  if (reap(child) != 0) throw std::runtime_error("copy child failed");
+  for (int i = 0; i < total; ++i) {  // by handle, for the peer copy
+    q.send({x}, 60s);
+    back.recv(60s);
+  }
+  double peer_s = 0;
+  const bool got = ::read(fds[0], &peer_s, sizeof peer_s) == sizeof peer_s;
+  ::close(fds[0]);
+  if (reap(child) != 0 || !got || peer_s <= 0) throw std::runtime_error("copy child failed");
   const double gb = static_cast<double>(cfg.copy_bytes) / 1e9;
   const double send_gbps = gb / percentile(send_s, 50);
   const double memcpy_gbps = gb / percentile(memcpy_s, 50);
-  return {{"bytes", cfg.copy_bytes},
-          {"copy_on_send_GBps", send_gbps},
-          {"device_memcpy_GBps", memcpy_gbps},
-          {"ratio", send_gbps / memcpy_gbps},
-          {"n", send_s.size()}};
+  return {{"bytes", cfg.copy_bytes},           {"copy_on_send_GBps", send_gbps},
+          {"device_memcpy_GBps", memcpy_gbps}, {"peer_copy_GBps", gb / peer_s},
+          {"ratio", send_gbps / memcpy_gbps},  {"n", send_s.size()}};
 }
 
 // A lease's whole life in a ledger of the CUDA ledger's size, per tensor sent: acquire and route
@@ -368,7 +489,8 @@ json python_peer(const Config& cfg) {
   const std::string cmd = shell_quote(cfg.python) + " " + shell_quote(cfg.peer) +
                           " --round-trips " + std::to_string(cfg.round_trips) + " --opens " +
                           std::to_string(cfg.opens) + " --copies " + std::to_string(cfg.copies) +
-                          " --copy-bytes " + std::to_string(cfg.copy_bytes);
+                          " --copy-bytes " + std::to_string(cfg.copy_bytes) + " --device " +
+                          cfg.device;
   std::fflush(nullptr);
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return {{"status", "failed"}, {"reason", "cannot run " + cmd}};
@@ -425,12 +547,24 @@ std::optional<double> advantage(const Row& r) {
   return r.lower_is_better ? *r.torch / *r.ferry : *r.ferry / *r.torch;
 }
 
-std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes) {
+// The rows of a run; with `cpu` (--device cpu) only the hand-off's and the ledger's, whose goal
+// is the CUDA path's.
+std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes, bool cpu) {
   std::vector<Row> rows;
   auto goal_row = [&](std::string name, std::optional<double> fv, std::optional<double> tv,
                       bool lower, std::string goal, std::optional<bool> pass) {
     rows.push_back({std::move(name), fv, tv, lower, std::move(goal), pass, false});
   };
+  if (cpu) {
+    goal_row("hand-off round trip, 1 MiB CPU tensor, p50 (us)", get(f, "handoff", "p50_us"),
+             get(t, "handoff", "p50_us"), true, "", std::nullopt);
+    goal_row("hand-off round trip, 1 MiB CPU tensor, p99 (us)", get(f, "handoff", "p99_us"),
+             get(t, "handoff", "p99_us"), true, "", std::nullopt);
+    goal_row("ledger cost per send (us)", get(f, "ledger", "per_send_us"), std::nullopt, true, "",
+             std::nullopt);
+    rows.back().torch_has_none = true;
+    return rows;
+  }
   const auto handoff = get(f, "handoff", "p50_us");
   goal_row("cached hand-off round trip, 1 MiB, p50 (us)", handoff, get(t, "handoff", "p50_us"),
            true, "ferry <= " + fmt("%g", kHandoffGoalUs) + " us",
@@ -446,6 +580,10 @@ std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes) {
            get(t, "copy", "copy_on_send_GBps"), false, "", std::nullopt);
   goal_row("device-to-device copy, " + size + " (GB/s)", get(f, "copy", "device_memcpy_GBps"),
            get(t, "copy", "device_memcpy_GBps"), false, "", std::nullopt);
+  // What a receiver pays to copy what it received by handle, instead of using it in place.
+  goal_row("peer copy by the receiver, " + size + " (GB/s)", get(f, "copy", "peer_copy_GBps"),
+           std::nullopt, false, "", std::nullopt);
+  rows.back().torch_has_none = true;
   const auto ratio = get(f, "copy", "ratio");
   goal_row("copy-on-send / device-to-device copy", ratio, get(t, "copy", "ratio"), false,
            "ferry >= " + fmt("%.2f", kCopyGoalRatio), ratio && *ratio >= kCopyGoalRatio);
@@ -487,6 +625,33 @@ json rows_json(const std::vector<Row>& rows) {
   return out;
 }
 
+// --breakdown: where each side of one round trip spends its time, biggest first. A step's time
+// includes the steps inside it (a CUDA call inside "send: encode a CUDA tensor", the wait inside
+// "recv: pop"); the caller's rows are the hand-off's path, the closer's and reaper's run beside it.
+void print_steps(const json& b) {
+  std::printf(
+      "\nwhere the time goes (--breakdown): calls and mean microseconds per round trip (p50 %s us "
+      "with the tally on)\n",
+      num(b.value("p50_us", 0.0)).c_str());
+  const std::pair<const char*, const char*> sides[] = {
+      {"first", "the side that sends first, then takes the reply"},
+      {"echo", "the side that takes the tensor, then sends its own"}};
+  for (const auto& [key, what] : sides) {
+    std::printf("\n%s:\n%s%s%s%s\n", what, pad("step", 52).c_str(), pad("thread", 9).c_str(),
+                pad("calls", 8).c_str(), "mean us");
+    const json& rows = b["steps"][key];
+    if (!rows.is_array() || rows.empty()) {
+      std::printf("  (none recorded)\n");
+      continue;
+    }
+    for (const json& r : rows) {
+      std::printf("%s%s%s%s\n", pad(r.value("step", "?"), 52).c_str(),
+                  pad(r.value("thread", "?"), 9).c_str(),
+                  pad(num(r.value("calls", 0.0)), 8).c_str(), num(r.value("us", 0.0)).c_str());
+    }
+  }
+}
+
 // Prints a run's header, table and failures, and adds the table to `doc`; true when a measure
 // failed. Also re-prints a saved run (--report), so it reads nothing but the document.
 bool report(json& doc) {
@@ -498,12 +663,20 @@ bool report(json& doc) {
     if (m.value("status", "") == "failed") failed = true;
   if (t.value("status", "") == "failed") failed = true;
 
-  std::printf(
-      "ferry-cuda-bench on %s (cuda:0, %s), driver %s (CUDA %s); ferry: CUDA runtime %s, "
-      "LibTorch %s\n",
-      g.value("name", "an unknown GPU").c_str(), g.value("uuid", "?").c_str(),
-      g.value("driver", "?").c_str(), g.value("driver_cuda", "?").c_str(),
-      g.value("ferry_cuda_runtime", "?").c_str(), doc["machine"].value("libtorch", "?").c_str());
+  const bool cpu = doc.value("device", "cuda") == "cpu";
+  if (cpu) {
+    std::printf(
+        "ferry-cuda-bench --device cpu: CPU tensors in shared memory (the hand-off without "
+        "CUDA); LibTorch %s\n",
+        doc["machine"].value("libtorch", "?").c_str());
+  } else {
+    std::printf(
+        "ferry-cuda-bench on %s (cuda:0, %s), driver %s (CUDA %s); ferry: CUDA runtime %s, "
+        "LibTorch %s\n",
+        g.value("name", "an unknown GPU").c_str(), g.value("uuid", "?").c_str(),
+        g.value("driver", "?").c_str(), g.value("driver_cuda", "?").c_str(),
+        g.value("ferry_cuda_runtime", "?").c_str(), doc["machine"].value("libtorch", "?").c_str());
+  }
   if (t.value("status", "") == "skipped") {
     std::printf("torch.multiprocessing: skipped: %s\n", t.value("reason", "?").c_str());
   } else {
@@ -519,9 +692,10 @@ bool report(json& doc) {
   }
   std::printf("p50 is the median; ratio: how many times better ferry's figure is\n");
   const json& c = doc["config"];
-  const std::vector<Row> rows = table(f, t, c.value("copy_bytes", std::int64_t{0}));
+  const std::vector<Row> rows = table(f, t, c.value("copy_bytes", std::int64_t{0}), cpu);
   print_table(rows);
   doc["table"] = rows_json(rows);
+  if (f.contains("breakdown") && f["breakdown"].contains("steps")) print_steps(f["breakdown"]);
   if (const auto d = get(t, "handoff_dropped", "p50_us"))
     std::printf(
         "\ntorch.multiprocessing hand-off with each received tensor dropped at once, as "
@@ -570,6 +744,12 @@ int main(int argc, char** argv) {
   bool no_torch = false;
   app.add_flag("--no-torch", no_torch, "leave out the torch.multiprocessing column");
   app.add_option("--json", cfg.json_path, "also write the results to this file");
+  app.add_flag("--breakdown", cfg.breakdown,
+               "run the hand-off once more with ferry's step tally on, and print where each "
+               "side's time goes");
+  app.add_option("--device", cfg.device,
+                 "cuda (default) or cpu: the hand-off alone, with a CPU tensor in shared memory")
+      ->check(CLI::IsMember({"cuda", "cpu"}));
   std::string saved;
   app.add_option("--report", saved,
                  "print the table of a run saved with --json, and measure nothing");
@@ -597,6 +777,7 @@ int main(int argc, char** argv) {
 
   json doc;
   doc["machine"] = {{"libtorch", libtorch_version()}};
+  doc["device"] = cfg.device;
   doc["config"] = {{"round_trips", cfg.round_trips},
                    {"opens", cfg.opens},
                    {"copies", cfg.copies},
@@ -604,7 +785,18 @@ int main(int argc, char** argv) {
                    {"ledger_sends", cfg.ledger_batches * kLedgerBatch},
                    {"quick", quick}};
   bool failed = false;
-  if (const std::string why = ferry::test::gpu_unavailable(); !why.empty()) {
+  auto measure_handoff = [&] {
+    doc["ferry"]["handoff"] = in_child("handoff", [&] { return handoff(cfg); });
+    if (cfg.breakdown)
+      doc["ferry"]["breakdown"] = in_child("breakdown", [&] { return handoff(cfg, true); });
+  };
+  if (cfg.device == "cpu") {
+    doc["status"] = "ok";
+    measure_handoff();
+    doc["ferry"]["ledger"] = in_child("ledger", [&] { return ledger_cost(cfg); });
+    doc["torch_multiprocessing"] = python_peer(cfg);
+    failed = report(doc);
+  } else if (const std::string why = ferry::test::gpu_unavailable(); !why.empty()) {
     std::printf("ferry-cuda-bench: skipped: %s\n", why.c_str());
     doc["status"] = "skipped";
     doc["reason"] = why;
@@ -627,10 +819,10 @@ int main(int argc, char** argv) {
     doc["machine"]["gpu"] = gpu_info();
     // Each measurement runs in a process of its own, forked from this one, which never touches
     // CUDA: so each can fork its receiver before its own first CUDA call.
-    doc["ferry"] = {{"handoff", in_child("handoff", [&] { return handoff(cfg); })},
-                    {"first_open", in_child("first_open", [&] { return first_open(cfg); })},
-                    {"copy", in_child("copy", [&] { return copy_bandwidth(cfg); })},
-                    {"ledger", in_child("ledger", [&] { return ledger_cost(cfg); })}};
+    measure_handoff();
+    doc["ferry"]["first_open"] = in_child("first_open", [&] { return first_open(cfg); });
+    doc["ferry"]["copy"] = in_child("copy", [&] { return copy_bandwidth(cfg); });
+    doc["ferry"]["ledger"] = in_child("ledger", [&] { return ledger_cost(cfg); });
     doc["torch_multiprocessing"] = python_peer(cfg);
     failed = report(doc) || failed;
   }

@@ -14,11 +14,13 @@ and prints one JSON object on stdout:
   first_open  a receiver's get() of a view on an allocation it has not mapped, against a get()
               of a second view of an allocation it still holds: pairs of 4 KiB views of one
               4 MiB tensor, all dropped between pairs so the next pair opens the allocation anew.
-  copy        what torch.multiprocessing offers for copy-on-send, clone() then send, each timed
-              from the call until the device is idle, against a device-to-device copy of the same
-              bytes (empty_like().copy_(), as in cuda_bench.cpp). The send goes through a Pipe,
-              whose send() pickles (and so shares the CUDA storage) in the caller: with a Queue
-              that work happens later in its feeder thread, off the clock.
+  copy        what torch.multiprocessing offers for copy-on-send, clone() then send, against a
+              device-to-device copy of the same bytes (empty_like().copy_(), as in
+              cuda_bench.cpp), both timed alike: two CUDA events on the current stream around the
+              work, the receiver idle (it has dropped the last tensor and said so) and the
+              allocator in the same state (what it released collected first). The send goes
+              through a Pipe, whose send() pickles (and so shares the CUDA storage) in the
+              caller: with a Queue that work happens later in its feeder thread, off the clock.
 
 Only APIs present in PyTorch 1.13 and 2.x are used, and no private ones. Without torch, or with a
 torch that sees no CUDA device, it prints {"skipped": "..."} and exits 0. A measurement that
@@ -176,7 +178,7 @@ def sink_child(reader, done, count):
             raise RuntimeError("no tensor within %d s" % TIMEOUT)
         t = reader.recv()
         del t  # released at once: the sender's ipc_collect() can free its copy
-    done.put(True)
+        done.put(True)  # and idle until the next one: the sender's copy is timed meanwhile
 
 
 # --- the parent side ---
@@ -239,10 +241,25 @@ def first_open(torch, ctx, args):
             "n": len(open_us)}
 
 
+def timed(torch, device, work):
+    """Seconds `work` takes: on CUDA between two events recorded on the current stream around it
+    (the device's clock, as cuda_bench.cpp's DeviceTimer), on the CPU by the wall clock."""
+    if device != "cuda":
+        t0 = time.perf_counter()
+        work()
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
 def copy(torch, ctx, args):
     total = WARMUP_COPIES + args.copies
     reader, writer = ctx.Pipe(duplex=False)
-    done = ctx.Queue(1)
+    done = ctx.Queue(total)
     p = run_child(ctx, sink_child, (reader, done, total))
     reader.close()
     try:
@@ -253,20 +270,13 @@ def copy(torch, ctx, args):
             # work ferry's reaper thread does in the background.
             ipc_collect(torch, args.device)
             synchronize(torch, args.device)
-            t0 = time.perf_counter()
-            y = x.clone()
-            writer.send(y)
-            synchronize(torch, args.device)
+            t_send = timed(torch, args.device, lambda: writer.send(x.clone()))
+            done.get(timeout=TIMEOUT)  # received and dropped: the receiver is idle again
+            ipc_collect(torch, args.device)
+            t_copy = timed(torch, args.device, lambda: torch.empty_like(x).copy_(x))
             if i >= WARMUP_COPIES:
-                send_s.append(time.perf_counter() - t0)
-            del y
-            t0 = time.perf_counter()
-            z = torch.empty_like(x).copy_(x)
-            synchronize(torch, args.device)
-            if i >= WARMUP_COPIES:
-                memcpy_s.append(time.perf_counter() - t0)
-            del z
-        done.get(timeout=TIMEOUT)
+                send_s.append(t_send)
+                memcpy_s.append(t_copy)
         ipc_collect(torch, args.device)
     finally:
         writer.close()
