@@ -28,8 +28,7 @@ TEST_CASE("step tally: off by default, a step then records nothing", "[steps]") 
   CHECK(find(steps::snapshot(), "off") == nullptr);
 }
 
-TEST_CASE("step tally: on, each step counts its calls and its time, per thread role",
-          "[steps]") {
+TEST_CASE("step tally: on, each step counts its calls and its time, per thread role", "[steps]") {
   steps::enable(true);
   for (int i = 0; i < 3; ++i) {
     const steps::Timed t("sleep");
