@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 
+#include "ipc/control_socket.hpp"
 #include "ipc/error.hpp"
 #include "ipc/futex.hpp"
 #include "ipc/log.hpp"
@@ -402,15 +403,7 @@ std::vector<Deposit> take_deposits(int sock, bool* drained) {
       }
       return out;
     }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        d.fds.emplace_back(fd);
-      }
-    }
+    take_passed_fds(msg, d.fds);
     const bool whole =
         static_cast<std::size_t>(n) >= sizeof d.head && d.head.magic == kDepositMagic &&
         d.head.count <= kMaxFdsPerDeposit &&

@@ -83,21 +83,25 @@ ControlMessage recv_control(int sock, std::chrono::milliseconds timeout) {
   if (n < 0 && errno != ECONNRESET) throw_errno(Errc::system, "control socket recvmsg", errno);
   if (n <= 0) throw Error(Errc::peer_dead, "the other end of the control socket has closed");
   out.bytes.resize(static_cast<std::size_t>(n));
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      out.fds.emplace_back(fd);
-    }
-  }
+  take_passed_fds(msg, out.fds);
   if (msg.msg_flags & MSG_CTRUNC) {
     throw Error(Errc::fd_transfer,
                 "file descriptors sent to this process were dropped on arrival: it is out of "
                 "file descriptors (raise ulimit -n)");
   }
   return out;
+}
+
+void take_passed_fds(msghdr& msg, std::vector<UniqueFd>& out) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      out.emplace_back(fd);
+    }
+  }
 }
 
 }  // namespace ferry

@@ -4,6 +4,8 @@
 // the other is gone. A segment fetch (segment_server.hpp) receives its answer the same way.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <string>
 #include <utility>
@@ -29,5 +31,8 @@ void send_control(int sock, const std::string& bytes, const std::vector<int>& fd
 // Error(peer_dead) when the other end closed, Error(fd_transfer) when fds were dropped because
 // this process is out of descriptors.
 ControlMessage recv_control(int sock, std::chrono::milliseconds timeout);
+
+// Takes ownership of every fd that the SCM_RIGHTS data of a received `msg` carries, in order.
+void take_passed_fds(msghdr& msg, std::vector<UniqueFd>& out);
 
 }  // namespace ferry
