@@ -26,16 +26,16 @@ void set_thread_role(const char* role) noexcept;
 // Times its scope as step `name` (a string literal) when the tally is on.
 class Timed {
  public:
-  explicit Timed(const char* name) noexcept
-      : name_(enabled() ? name : nullptr),
-        start_(name_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  explicit Timed(const char* name) noexcept : name_(enabled() ? name : nullptr) {
+    if (name_ != nullptr) start_ = std::chrono::steady_clock::now();
+  }
   ~Timed();
   Timed(const Timed&) = delete;
   Timed& operator=(const Timed&) = delete;
 
  private:
   const char* name_;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point start_{};
 };
 
 struct Tally {
