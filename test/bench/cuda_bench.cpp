@@ -137,6 +137,15 @@ int reap(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Everything `fd` yields until its writers close it.
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+
 // Runs `fn` in a forked child and returns the JSON it produced: the child may use CUDA, this
 // process must not (it forks the next measurement's receiver afterwards).
 template <class F>
@@ -149,10 +158,7 @@ json in_child(const char* name, F fn) {
     (void)!::write(fds[1], s.data(), s.size());
   });
   ::close(fds[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  const std::string out = read_all(fds[0]);
   ::close(fds[0]);
   const int code = reap(pid);
   json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
@@ -162,14 +168,6 @@ json in_child(const char* name, F fn) {
                            " (its error is on stderr)"}};
   }
   return j;
-}
-
-std::string read_all(int fd) {
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
-  return out;
 }
 
 // The hand-off's tensor: 1 MiB of float32 on cuda:0, or in shared memory with --device cpu.
