@@ -163,6 +163,7 @@ void save_results(const std::string& path, const std::vector<ferry::Tensors>& re
   pickler.stop();
   // The zip archive torch.save writes, as torch::jit::pickle_save makes it.
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw BadInput("cannot write --output '" + path + "': " + std::strerror(errno));
   {
     caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, std::size_t n) -> std::size_t {
       f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
