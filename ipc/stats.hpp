@@ -23,7 +23,7 @@ enum class CopyReason : std::uint8_t {
   cpu_receiver,      // the receiver cannot use CUDA: the tensor arrives on the CPU
   ledger_full,       // every CUDA lease slot is in use: sent through the CPU transport
   empty,             // an empty CUDA tensor: no allocation to export, it crosses as a record
-  // Between hosts (runtime/hosts/host_link.hpp):
+  // Between hosts (hosts/host_link.hpp):
   other_host,  // the receiver is on another machine: a CUDA tensor crosses as a CPU copy
   count_,
 };

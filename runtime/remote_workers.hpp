@@ -1,5 +1,5 @@
 // RemoteWorkers: workers a pool reaches through something other than its own processes (the
-// hosts of a job spread over several machines, runtime/hosts/head_hub.hpp), as the pool sees
+// hosts of a job spread over several machines, hosts/head_hub.hpp), as the pool sees
 // them. The pool keeps the one task book: a remote slot is one more worker in it, with room for
 // `capacity` tasks, whose loss hands its tasks back for a retry like a worker's death.
 //

@@ -27,16 +27,16 @@
 
 #include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/visible_gpus.hpp"
+#include "ipc/diag/shm_check.hpp"
 #include "ipc/log.hpp"
-#include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
 #include "runtime/ferry.hpp"
 #include "tools/stop_signals.hpp"
 #include "workers/builtin_tasks.hpp"
 #include "workers/task_registry.hpp"
 #if FERRY_HAVE_HOSTS
-#include "runtime/hosts/head_hub.hpp"
-#include "runtime/hosts/host_serve.hpp"
+#include "hosts/head_hub.hpp"
+#include "hosts/host_serve.hpp"
 #endif
 
 namespace {

@@ -4,8 +4,8 @@
 //   ferry-shm ls [--json] [--all]
 //   ferry-shm clean [--dry-run] [--force] [--older-than DURATION]
 //
-// The checks and the census are library code (ipc/shm_check.hpp, ipc/shm_census.hpp) so the
-// supervisor runs the same at start-up; this file only parses options and prints.
+// The checks and the census are library code (ipc/diag/shm_check.hpp, ipc/diag/shm_census.hpp) so
+// the supervisor runs the same at start-up; this file only parses options and prints.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "ipc/diag/shm_census.hpp"
+#include "ipc/diag/shm_check.hpp"
 #include "ipc/error.hpp"
-#include "ipc/shm_census.hpp"
-#include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
 
 namespace {

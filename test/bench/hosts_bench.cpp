@@ -1,4 +1,4 @@
-// ferry-hosts-bench: the link between two hosts (runtime/hosts/host_link) against a plain Gloo
+// ferry-hosts-bench: the link between two hosts (hosts/host_link) against a plain Gloo
 // send/recv and a raw TCP socket on the same link, in one run: round trip and one-way bandwidth
 // from 4 KiB to 64 MiB. The "hosts" are two processes; the link is the loopback, or the address
 // given (run it across two network namespaces for a veth link, docs/benchmarks.md).
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/hosts/host_link.hpp"
+#include "hosts/host_link.hpp"
 #include "test/bench/bench_support.hpp"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include "../test_util.hpp"
 #include "ipc/cuda/fork_safety.hpp"
-#include "ipc/shm_check.hpp"
+#include "ipc/diag/shm_check.hpp"
 #include "runtime/pool.hpp"
 #include "runtime/shared_module.hpp"
 #include "runtime/shared_tensor.hpp"

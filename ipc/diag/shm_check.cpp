@@ -1,0 +1,644 @@
+#include "ipc/diag/shm_check.hpp"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "ipc/arena.hpp"
+#include "ipc/error.hpp"
+#include "ipc/ledger.hpp"
+#include "ipc/segment.hpp"
+#include "ipc/units.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+// What docker, podman and containerd give a container's /dev/shm unless told otherwise.
+constexpr std::uint64_t kContainerDefaultShm = 64 * kMiB;
+constexpr long kTmpfsMagic = 0x01021994;
+// Below this, mlock()ed and RDMA-registered host memory runs out first (the usual default is
+// 8 MiB).
+constexpr std::uint64_t kMemlockComfort = 64 * kMiB;
+
+void add(CheckItem& item, std::string key, MeasuredValue value) {
+  item.values.push_back(Measured{std::move(key), std::move(value)});
+}
+
+// The whole of a small /proc or /sys file; nullopt, with errno set, when it cannot be read.
+std::optional<std::string> slurp(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  const int err = errno;
+  ::close(fd);
+  if (n < 0) {
+    errno = err;
+    return std::nullopt;
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> read_u64(const std::string& path) {
+  auto text = slurp(path);
+  if (!text) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    const unsigned long long v = std::stoull(*text, &used);
+    return static_cast<std::uint64_t>(v);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Which container runtime this process seems to run under, or "" when none is evident. The
+// markers are the ones the runtimes leave on purpose; the cgroup path catches the rest.
+std::string container_kind() {
+  if (std::getenv("KUBERNETES_SERVICE_HOST")) return "kubernetes";
+  if (exists("/.dockerenv")) return "docker";
+  if (exists("/run/.containerenv")) return "podman";
+  if (auto cg = slurp("/proc/1/cgroup")) {
+    if (cg->find("kubepods") != std::string::npos) return "kubernetes";
+    if (cg->find("docker") != std::string::npos) return "docker";
+    if (cg->find("libpod") != std::string::npos) return "podman";
+    if (cg->find("containerd") != std::string::npos || cg->find("lxc") != std::string::npos) {
+      return "container";
+    }
+  }
+  return "";
+}
+
+// A size for --shm-size that fits `need` with room to spare, in docker's spelling ("2g").
+std::string suggested_shm_size(std::uint64_t need) {
+  const std::uint64_t gib = std::max<std::uint64_t>(1, (need * 2 + kGiB - 1) / kGiB);
+  return std::to_string(gib) + "g";
+}
+
+std::string shm_remedy(const std::string& dir, std::uint64_t need) {
+  return "give the container more shared memory: docker run --shm-size=" +
+         suggested_shm_size(need) + " (at least " + format_bytes(need) +
+         " for this job) or --ipc=host; Kubernetes: mount an emptyDir with medium: Memory at " +
+         dir + "; or set FERRY_SHM_DIR to a larger tmpfs";
+}
+
+struct DirFacts {
+  bool usable = false;  // exists, is a directory, and we may create files in it
+  std::uint64_t free = 0;
+};
+
+CheckItem check_dir(const std::string& dir, std::uint64_t need, DirFacts* facts) {
+  CheckItem item{"shm_dir", Verdict::ok, "", "", {}};
+  add(item, "path", dir);
+  struct stat st {};
+  const bool found = ::stat(dir.c_str(), &st) == 0;
+  if (!found || !S_ISDIR(st.st_mode)) {
+    item.verdict = Verdict::fail;
+    item.summary = dir + " is not usable: " + (found ? "not a directory" : std::strerror(errno));
+    item.remedy = "mount a tmpfs there (mount -t tmpfs -o size=" + suggested_shm_size(need) +
+                  " tmpfs " + dir + "), or set FERRY_SHM_DIR to a writable tmpfs directory";
+    return item;
+  }
+  const bool writable = ::access(dir.c_str(), W_OK | X_OK) == 0;
+  struct statfs fs {};
+  struct statvfs vfs {};
+  const bool have_fs = ::statfs(dir.c_str(), &fs) == 0;
+  const bool have_vfs = ::statvfs(dir.c_str(), &vfs) == 0;
+  const bool tmpfs = have_fs && static_cast<long>(fs.f_type) == kTmpfsMagic;
+  const std::string container = container_kind();
+  add(item, "tmpfs", have_fs ? MeasuredValue(tmpfs) : MeasuredValue());
+  add(item, "writable", writable);
+  add(item, "container", container);
+  if (!have_vfs) {
+    item.verdict = Verdict::fail;
+    item.summary = "cannot read the size of " + dir + " (statvfs: " + std::strerror(errno) + ")";
+    item.remedy = "set FERRY_SHM_DIR to a tmpfs directory that can be inspected";
+    return item;
+  }
+  const std::uint64_t total = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  const std::uint64_t avail = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  const std::uint64_t used = total - std::uint64_t{vfs.f_bfree} * vfs.f_frsize;
+  add(item, "size_bytes", total);
+  add(item, "used_bytes", used);
+  add(item, "free_bytes", avail);
+  facts->free = avail;
+  facts->usable = writable;
+
+  item.summary = std::string(tmpfs ? "tmpfs" : "not tmpfs") + ", size " + format_bytes(total) +
+                 ", used " + format_bytes(used) + ", free " + format_bytes(avail);
+  if (!container.empty()) item.summary += " (in a " + container + " container)";
+  if (!writable) {
+    item.verdict = Verdict::fail;
+    item.summary += "; not writable by this user";
+    item.remedy = "make " + dir + " writable (it is normally mode 1777), or set FERRY_SHM_DIR";
+  } else if (total == kContainerDefaultShm && !container.empty()) {
+    item.verdict = Verdict::warn;
+    item.summary += "; 64 MiB is the container default";
+    item.remedy = shm_remedy(dir, need);
+  } else if (total < need) {
+    item.verdict = Verdict::warn;
+    item.summary += "; smaller than the " + format_bytes(need) + " this job needs";
+    item.remedy = shm_remedy(dir, need);
+  } else if (have_fs && !tmpfs) {
+    item.verdict = Verdict::warn;
+    item.summary += "; segments here are backed by disk, not memory";
+    item.remedy = "set FERRY_SHM_DIR to a tmpfs directory (such as /dev/shm)";
+  }
+  return item;
+}
+
+struct CgroupFacts {
+  std::optional<std::uint64_t> headroom;  // limit - usage at the tightest level; none: unlimited
+};
+
+// The memory limit that applies to this process: the tightest (limit - usage) over its cgroup
+// and every ancestor, in cgroup v1 (memory controller) or v2. tmpfs pages are charged to the
+// cgroup of the process that first touched them, so this bounds /dev/shm whatever its size.
+CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
+  CheckItem item{"memory_cgroup", Verdict::ok, "", "", {}};
+  auto self = slurp("/proc/self/cgroup");
+  if (!self) {
+    item.summary = "cannot read /proc/self/cgroup: memory limit not checked";
+    return item;
+  }
+  std::string v1_path, v2_path;
+  bool have_v1 = false, have_v2 = false;
+  std::istringstream lines(*self);
+  for (std::string line; std::getline(lines, line);) {
+    const auto a = line.find(':');
+    const auto b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
+      have_v2 = true;
+      v2_path = path;
+    }
+    std::istringstream names(controllers);
+    for (std::string c; std::getline(names, c, ',');) {
+      if (c == "memory") {
+        have_v1 = true;
+        v1_path = path;
+      }
+    }
+  }
+  std::string base, path, limit_file, usage_file;
+  if (have_v1) {
+    base = "/sys/fs/cgroup/memory";
+    path = v1_path;
+    limit_file = "memory.limit_in_bytes";
+    usage_file = "memory.usage_in_bytes";
+  } else if (have_v2 && exists("/sys/fs/cgroup/cgroup.controllers")) {
+    base = "/sys/fs/cgroup";
+    path = v2_path;
+    limit_file = "memory.max";
+    usage_file = "memory.current";
+  } else {
+    item.summary = "no memory cgroup: no limit beyond the machine's memory";
+    return item;
+  }
+  add(item, "cgroup_version", std::int64_t{have_v1 ? 1 : 2});
+  // Inside a container with its own cgroup namespace the path may not exist as written; the
+  // container's own cgroup is then mounted at the base.
+  std::string dir = base + (path == "/" ? "" : path);
+  if (!exists(dir)) dir = base;
+  std::optional<std::uint64_t> best_headroom, best_limit, best_usage;
+  bool unreadable = false;
+  for (;;) {
+    auto limit_text = slurp(dir + "/" + limit_file);
+    if (!limit_text && errno == EACCES) unreadable = true;
+    if (limit_text && limit_text->rfind("max", 0) != 0) {
+      auto limit = read_u64(dir + "/" + limit_file);
+      auto usage = read_u64(dir + "/" + usage_file);
+      // cgroup v1 spells "no limit" as a page-rounded LONG_MAX.
+      if (limit && *limit < (std::uint64_t{1} << 60)) {
+        const std::uint64_t u = usage.value_or(0);
+        const std::uint64_t room = *limit > u ? *limit - u : 0;
+        if (!best_headroom || room < *best_headroom) {
+          best_headroom = room;
+          best_limit = limit;
+          best_usage = u;
+        }
+      }
+    }
+    if (dir.size() <= base.size()) break;
+    dir = dir.substr(0, dir.rfind('/'));
+  }
+  add(item, "limit_bytes", best_limit ? MeasuredValue(*best_limit) : MeasuredValue());
+  add(item, "usage_bytes", best_usage ? MeasuredValue(*best_usage) : MeasuredValue());
+  add(item, "headroom_bytes", best_headroom ? MeasuredValue(*best_headroom) : MeasuredValue());
+  facts->headroom = best_headroom;
+  if (!best_headroom) {
+    item.summary = unreadable ? "memory cgroup limit could not be read (permission denied)"
+                              : "no memory cgroup limit";
+    if (unreadable) item.verdict = Verdict::warn;
+    if (unreadable) item.remedy = "run as a user that can read the cgroup's memory files";
+    return item;
+  }
+  item.summary = "memory limit " + format_bytes(*best_limit) + ", in use " +
+                 format_bytes(*best_usage) + ", " + format_bytes(*best_headroom) +
+                 " left (tmpfs pages count against it)";
+  if (*best_headroom < need) {
+    item.verdict = Verdict::fail;
+    item.summary += "; the job's " + format_bytes(need) + " of shared memory would not fit";
+    item.remedy = "raise the container's memory limit by at least " +
+                  format_bytes(need - *best_headroom) +
+                  " (docker run --memory=...; Kubernetes: resources.limits.memory; an emptyDir "
+                  "with medium: Memory counts against it too)";
+  }
+  return item;
+}
+
+CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve,
+                        const DirFacts& dir_facts, const CgroupFacts& cg) {
+  CheckItem item{"shm_reserve", Verdict::ok, "", "", {}};
+  add(item, "need_bytes", need);
+  if (!dir_facts.usable) {
+    item.verdict = Verdict::fail;
+    item.summary = "not attempted: " + dir + " is not usable (see shm_dir)";
+    item.remedy = "fix shm_dir first";
+    add(item, "reserved", MeasuredValue());
+    return item;
+  }
+  if (cg.headroom && *cg.headroom < need) {
+    // Reserving past the cgroup's limit could wake the OOM killer on some other process.
+    item.verdict = Verdict::fail;
+    item.summary = "not attempted: " + format_bytes(need) + " exceeds the " +
+                   format_bytes(*cg.headroom) + " the memory cgroup has left (see memory_cgroup)";
+    item.remedy = "raise the memory limit, or run fewer workers (--workers)";
+    add(item, "reserved", MeasuredValue());
+    return item;
+  }
+  if (!reserve) {
+    add(item, "reserved", MeasuredValue());
+    item.summary = "not attempted (estimate only): " + format_bytes(dir_facts.free) + " free, " +
+                   format_bytes(need) + " needed";
+    if (dir_facts.free < need) {
+      item.verdict = Verdict::fail;
+      item.remedy = shm_remedy(dir, need);
+    }
+    return item;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    // A real segment, made and reserved exactly as the arena makes its own, so a success here
+    // means the job's first segments will fit; nameless, so nothing is left if we die meanwhile.
+    Segment::create(static_cast<std::size_t>(need), dir);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    add(item, "reserved", true);
+    add(item, "reserve_ms", std::int64_t{ms});
+    item.summary = "reserved " + format_bytes(need) + " with posix_fallocate in " +
+                   std::to_string(ms) + " ms and released it";
+  } catch (const Error& e) {
+    add(item, "reserved", false);
+    item.verdict = Verdict::fail;
+    if (e.code() == Errc::shm_exhausted) {
+      item.summary = "cannot reserve " + format_bytes(need) + " (" + std::to_string(need) +
+                     " bytes): " + format_bytes(dir_facts.free) + " free";
+      item.remedy = shm_remedy(dir, need);
+    } else {
+      item.summary = e.detail();
+      item.remedy = "set FERRY_SHM_DIR to a writable tmpfs directory";
+    }
+  }
+  return item;
+}
+
+CheckItem check_sysv(std::uint64_t need) {
+  CheckItem item{"sysv_shm", Verdict::ok, "", "", {}};
+  const auto shmmax = read_u64("/proc/sys/kernel/shmmax");
+  const auto shmall = read_u64("/proc/sys/kernel/shmall");
+  const auto shmmni = read_u64("/proc/sys/kernel/shmmni");
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto opt = [](const std::optional<std::uint64_t>& v) {
+    return v ? MeasuredValue(*v) : MeasuredValue();
+  };
+  add(item, "shmmax_bytes", opt(shmmax));
+  add(item, "shmall_pages", opt(shmall));
+  add(item, "shmmni", opt(shmmni));
+  auto show = [](const std::optional<std::uint64_t>& v, bool bytes) {
+    if (!v) return std::string("unreadable");
+    if (*v >= (std::uint64_t{1} << 60)) return std::string("unlimited");
+    return bytes ? format_bytes(*v) : std::to_string(*v);
+  };
+  // shmall is in pages; the product overflows for the "unlimited" default.
+  std::optional<std::uint64_t> shmall_bytes;
+  if (shmall) shmall_bytes = *shmall >= (std::uint64_t{1} << 48) ? *shmall : *shmall * page;
+  item.summary = "kernel.shmmax " + show(shmmax, true) + ", shmall " + show(shmall_bytes, true) +
+                 ", shmmni " + show(shmmni, false);
+  if (!shmmax && !shmall && !shmmni) {
+    item.summary = "kernel.shm* cannot be read: System V limits not checked";
+    return item;
+  }
+  if ((shmmax && *shmmax < need) || (shmall_bytes && *shmall_bytes < need)) {
+    item.verdict = Verdict::warn;
+    item.summary += "; below the job's " + format_bytes(need);
+    item.remedy =
+        "ferry uses POSIX shared memory and is not bound by these, but System V users in the job "
+        "are: sysctl -w kernel.shmmax=" +
+        std::to_string(need) + " kernel.shmall=" + std::to_string((need + page - 1) / page) +
+        " (docker run --sysctl ...)";
+  }
+  return item;
+}
+
+std::string show_limit(rlim_t v) {
+  return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v);
+}
+
+MeasuredValue limit_value(rlim_t v) {
+  return v == RLIM_INFINITY ? MeasuredValue(std::string("unlimited"))
+                            : MeasuredValue(static_cast<std::uint64_t>(v));
+}
+
+CheckItem check_open_files(std::uint64_t fds_need) {
+  CheckItem item{"open_files", Verdict::ok, "", "", {}};
+  struct rlimit rl {};
+  add(item, "needed", fds_need);
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    item.verdict = Verdict::warn;
+    item.summary = std::string("cannot read RLIMIT_NOFILE: ") + std::strerror(errno);
+    item.remedy = "check ulimit -n";
+    return item;
+  }
+  add(item, "soft", limit_value(rl.rlim_cur));
+  add(item, "hard", limit_value(rl.rlim_max));
+  item.summary = "RLIMIT_NOFILE soft " + show_limit(rl.rlim_cur) + ", hard " +
+                 show_limit(rl.rlim_max) + "; the planned job needs about " +
+                 std::to_string(fds_need);
+  const auto fits = [&](rlim_t v) { return v == RLIM_INFINITY || v >= fds_need; };
+  if (!fits(rl.rlim_max)) {
+    item.verdict = Verdict::fail;
+    item.summary += ": the hard limit is too low";
+    item.remedy = "raise the hard limit to at least " + std::to_string(fds_need) +
+                  ": docker run --ulimit nofile=" + std::to_string(fds_need) + ":" +
+                  std::to_string(fds_need) + ", or nofile in /etc/security/limits.conf";
+  } else if (!fits(rl.rlim_cur)) {
+    item.verdict = Verdict::warn;
+    item.summary += ": the soft limit is too low";
+    item.remedy = "raise the soft limit before starting: ulimit -n " + show_limit(rl.rlim_max);
+  }
+  return item;
+}
+
+CheckItem check_memlock(bool have_gpus) {
+  CheckItem item{"memlock", Verdict::ok, "", "", {}};
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+    item.summary = std::string("cannot read RLIMIT_MEMLOCK: ") + std::strerror(errno);
+    return item;
+  }
+  add(item, "soft", limit_value(rl.rlim_cur));
+  add(item, "hard", limit_value(rl.rlim_max));
+  auto show = [](rlim_t v) { return v == RLIM_INFINITY ? "unlimited" : format_bytes(v); };
+  item.summary = "RLIMIT_MEMLOCK soft " + show(rl.rlim_cur) + ", hard " + show(rl.rlim_max);
+  if (have_gpus && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kMemlockComfort) {
+    item.verdict = Verdict::warn;
+    item.summary += ": little room for pinned (mlock'ed or RDMA-registered) host memory";
+    item.remedy = "ulimit -l unlimited (docker run --ulimit memlock=-1)";
+  }
+  return item;
+}
+
+const char* compute_mode_name(int mode) {
+  switch (mode) {
+    case 0:
+      return "default";
+    case 1:
+      return "exclusive_thread";
+    case 2:
+      return "prohibited";
+    case 3:
+      return "exclusive_process";
+    default:
+      return "unknown";
+  }
+}
+
+CheckItem check_cuda(const cuda::CudaStatus& s) {
+  CheckItem item{"cuda", Verdict::ok, "", "", {}};
+  add(item, "built_with_cuda", s.built_with_cuda);
+  add(item, "driver_present", s.driver_present);
+  add(item, "devices", static_cast<std::uint64_t>(s.devices.size()));
+  if (s.devices.empty()) {
+    // CPU-only use needs none of this, so its absence is not a failure.
+    item.summary = s.error + "; CPU tensors are unaffected";
+    return item;
+  }
+  std::vector<std::string> problems;
+  std::vector<std::string> remedies;
+  for (const auto& d : s.devices) {
+    const std::string dev = "cuda:" + std::to_string(d.index);
+    if (!d.kernel_ok) {
+      item.verdict = Verdict::fail;
+      problems.push_back(dev + " unusable (" + d.error + ")");
+      remedies.push_back("check the driver and nvidia-smi for " + dev);
+      continue;
+    }
+    if (d.compute_mode == 3 || d.compute_mode == 1) {
+      item.verdict = std::max(item.verdict, Verdict::warn);
+      problems.push_back(dev + " compute mode " + compute_mode_name(d.compute_mode) +
+                         ": one process at a time");
+      remedies.push_back("nvidia-smi -i " + std::to_string(d.index) +
+                         " -c DEFAULT, or one worker per device");
+    }
+    if (!d.legacy_ipc || !d.ipc_events) {
+      item.verdict = std::max(item.verdict, Verdict::warn);
+      problems.push_back(dev + (d.legacy_ipc ? " has no IPC events" : " has no CUDA IPC") +
+                         ": its tensors are copied");
+    }
+  }
+  std::string peers;
+  for (std::size_t i = 0; i < s.peer_access.size(); ++i) {
+    for (std::size_t j = i + 1; j < s.peer_access.size(); ++j) {
+      if (s.peer_access[i][j] && s.peer_access[j][i]) {
+        peers += (peers.empty() ? "" : " ") + std::to_string(i) + "<->" + std::to_string(j);
+      }
+    }
+  }
+  item.summary = "driver " + std::to_string(s.driver_version / 1000) + "." +
+                 std::to_string(s.driver_version % 1000 / 10) + ", " +
+                 std::to_string(s.devices.size()) + " device(s)";
+  if (s.devices.size() > 1) item.summary += ", peer access " + (peers.empty() ? "none" : peers);
+  for (const auto& p : problems) item.summary += "; " + p;
+  for (const auto& r : remedies) item.remedy += (item.remedy.empty() ? "" : "; ") + r;
+  if (item.remedy.empty() && item.verdict != Verdict::ok) {
+    item.remedy = "none needed for correctness: ferry copies where IPC is missing";
+  }
+  return item;
+}
+
+nlohmann::json value_json(const MeasuredValue& v) {
+  return std::visit(
+      [](const auto& x) -> nlohmann::json {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          return nullptr;
+        } else {
+          return x;
+        }
+      },
+      v);
+}
+
+nlohmann::json cuda_json(const cuda::CudaStatus& s) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& d : s.devices) {
+    devices.push_back(
+        {{"index", d.index},
+         {"name", d.name},
+         {"uuid", d.uuid},
+         {"compute_capability", std::to_string(d.major) + "." + std::to_string(d.minor)},
+         {"total_memory_bytes", d.total_memory},
+         {"unified_addressing", d.unified_addressing},
+         {"integrated", d.integrated},
+         {"compute_mode", compute_mode_name(d.compute_mode)},
+         {"legacy_ipc", d.legacy_ipc},
+         {"ipc_events", d.ipc_events},
+         {"kernel_ok", d.kernel_ok},
+         {"error", d.error}});
+  }
+  nlohmann::json peers = nlohmann::json::array();
+  for (const auto& row : s.peer_access) {
+    nlohmann::json r = nlohmann::json::array();
+    for (bool b : row) r.push_back(b);
+    peers.push_back(r);
+  }
+  return {{"built_with_cuda", s.built_with_cuda},
+          {"driver_present", s.driver_present},
+          {"driver_version", s.driver_version},
+          {"runtime_version", s.runtime_version},
+          {"error", s.error},
+          {"devices", devices},
+          {"peer_access", peers}};
+}
+
+}  // namespace
+
+const char* verdict_name(Verdict v) noexcept {
+  switch (v) {
+    case Verdict::ok:
+      return "ok";
+    case Verdict::warn:
+      return "warn";
+    case Verdict::fail:
+      return "fail";
+  }
+  return "fail";
+}
+
+Errc failure_code(const std::string& check) noexcept {
+  if (check == "shm_dir") return Errc::shm_failed;
+  if (check == "shm_reserve" || check == "memory_cgroup" || check == "sysv_shm") {
+    return Errc::shm_exhausted;
+  }
+  return Errc::system;
+}
+
+const MeasuredValue* CheckItem::value(const std::string& key) const noexcept {
+  for (const auto& m : values) {
+    if (m.key == key) return &m.value;
+  }
+  return nullptr;
+}
+
+Verdict ShmReport::overall() const noexcept {
+  Verdict worst = Verdict::ok;
+  for (const auto& i : items) worst = std::max(worst, i.verdict);
+  return worst;
+}
+
+int ShmReport::exit_code() const noexcept {
+  return static_cast<int>(overall());
+}
+
+const CheckItem* ShmReport::item(const std::string& name) const noexcept {
+  for (const auto& i : items) {
+    if (i.name == name) return &i;
+  }
+  return nullptr;
+}
+
+unsigned default_workers() noexcept {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::uint64_t default_shm_need(unsigned workers) {
+  const Arena::Options o = Arena::options_from_env();
+  return (std::uint64_t{workers} + 1) * (o.segment_size + Ledger::segment_bytes(o.lease_slots));
+}
+
+std::uint64_t fds_needed(unsigned workers, std::uint64_t need_bytes) {
+  constexpr std::uint64_t kSupervisorBase = 32;
+  constexpr std::uint64_t kPerWorker = 8;
+  const std::uint64_t segment = Arena::options_from_env().segment_size;
+  return kSupervisorBase + kPerWorker * workers + (need_bytes + segment - 1) / segment;
+}
+
+ShmReport check_shm(const ShmCheckOptions& options) {
+  ShmReport r;
+  r.dir = options.dir.empty() ? default_shm_dir() : options.dir;
+  r.workers = options.workers ? options.workers : default_workers();
+  r.need_bytes = options.need_bytes ? options.need_bytes : default_shm_need(r.workers);
+  r.fds_needed = fds_needed(r.workers, r.need_bytes);
+
+  DirFacts dir_facts;
+  CgroupFacts cg;
+  r.items.push_back(check_dir(r.dir, r.need_bytes, &dir_facts));
+  CheckItem cgroup = check_cgroup(r.need_bytes, &cg);
+  r.items.push_back(check_reserve(r.dir, r.need_bytes, options.reserve, dir_facts, cg));
+  r.items.push_back(std::move(cgroup));
+  r.items.push_back(check_sysv(r.need_bytes));
+  r.items.push_back(check_open_files(r.fds_needed));
+  if (options.cuda) r.cuda = cuda::probe();
+  r.items.push_back(check_memlock(r.cuda && !r.cuda->devices.empty()));
+  if (r.cuda) r.items.push_back(check_cuda(*r.cuda));
+  return r;
+}
+
+std::string to_json(const ShmReport& report, int indent) {
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& i : report.items) {
+    nlohmann::json values = nlohmann::json::object();
+    for (const auto& m : i.values) values[m.key] = value_json(m.value);
+    checks.push_back({{"name", i.name},
+                      {"verdict", verdict_name(i.verdict)},
+                      {"summary", i.summary},
+                      {"remedy", i.remedy},
+                      {"values", values}});
+  }
+  nlohmann::json doc = {{"schema", "ferry-shm-check/1"},
+                        {"dir", report.dir},
+                        {"need_bytes", report.need_bytes},
+                        {"workers", report.workers},
+                        {"fds_needed", report.fds_needed},
+                        {"verdict", verdict_name(report.overall())},
+                        {"exit_code", report.exit_code()},
+                        {"checks", checks},
+                        {"cuda", report.cuda ? cuda_json(*report.cuda) : nlohmann::json()}};
+  return doc.dump(indent);
+}
+
+}  // namespace ferry

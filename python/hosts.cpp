@@ -1,0 +1,193 @@
+#include "python/hosts.hpp"
+
+#if FERRY_HAVE_HOSTS
+#include <pybind11/stl.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <limits>
+#include <optional>
+
+#include "hosts/head_hub.hpp"
+#include "hosts/host_serve.hpp"
+#include "ipc/error.hpp"
+#include "python/message.hpp"
+#include "python/pool.hpp"
+#endif
+
+namespace py = pybind11;
+
+namespace ferry::python {
+
+#if FERRY_HAVE_HOSTS
+namespace {
+
+using namespace ferry::hosts;
+
+constexpr const char* kWorkers = "python";  // the setup's "workers": ferry.Pool's
+// The one key of a head's setup that reaches a host's workers (python.path stays the host's own:
+// the head's paths mean nothing on another machine; shared objects cannot cross hosts).
+constexpr const char* kInitializer = "python.initializer";
+
+std::chrono::milliseconds ms(double seconds, const char* what) {
+  if (!(seconds > 0) || seconds > 1e7) {
+    throw Error(Errc::invalid_argument, std::string(what) + " = " + std::to_string(seconds) +
+                                            " s: give a number of seconds above 0");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+// A stop request from Python (a signal handler, serve_host's `stop`) to the serving thread.
+struct StopFlag {
+  std::atomic<bool> value{false};
+};
+
+// A host joined to a head, its pool not yet started: the head's setup says what its workers need.
+struct JoinedHead {
+  Joined joined;
+  ServeOptions serve;
+};
+
+// The head's setup for ferry.Pool's hosts: {"workers": "python", "python.initializer": ...}.
+std::string python_setup(const std::optional<std::string>& initializer) {
+  nlohmann::json extra = nlohmann::json::object();
+  if (initializer) extra[kInitializer] = *initializer;
+  return workers_setup(kWorkers, extra.dump());
+}
+
+// This host's workers' config: its own, plus what the head's setup gives them.
+std::map<std::string, std::string> worker_config(const std::string& setup,
+                                                 std::map<std::string, std::string> config) {
+  const nlohmann::json s = nlohmann::json::parse(setup);
+  if (s.contains(kInitializer)) config[kInitializer] = s.at(kInitializer).get<std::string>();
+  return config;
+}
+
+py::dict hub_stats(const HeadHub& hub) {
+  const HubStats s = hub.stats();
+  py::dict d;
+  d["joined"] = s.joined;
+  d["refused"] = s.refused;
+  d["lost"] = s.lost;
+  d["live"] = s.live;
+  return d;
+}
+
+}  // namespace
+
+void bind_hosts(py::module_& m) {
+  m.attr("has_hosts") = true;
+  m.def("python_setup", &python_setup, py::arg("initializer"),
+        "the setup a ferry.Pool head gives joining hosts");
+
+  py::class_<HeadHub, RemoteWorkers, std::shared_ptr<HeadHub>>(m, "Hub")
+      .def(
+          py::init([](const std::string& listen, const std::string& secret_file,
+                      double join_timeout, double heartbeat, double lost_after, std::string setup) {
+            const Endpoint at = parse_endpoint(listen, true);
+            HubOptions h;
+            h.address = at.address;
+            h.port = at.port;
+            h.secret = Secret::load(secret_file);
+            h.join_timeout = ms(join_timeout, "join_timeout");
+            h.heartbeat = ms(heartbeat, "heartbeat");
+            h.lost_after = ms(lost_after, "lost_after");
+            h.setup = std::move(setup);
+            py::gil_scoped_release unlocked;
+            return std::make_shared<HeadHub>(std::move(h));
+          }),
+          py::arg("listen"), py::arg("secret_file"), py::arg("join_timeout"), py::arg("heartbeat"),
+          py::arg("lost_after"), py::arg("setup"))
+      .def("port", &HeadHub::port)
+      .def("stats", &hub_stats)
+      .def(
+          "wait_for_hosts",
+          [](const HeadHub& hub, std::size_t hosts, std::optional<double> timeout) {
+            auto t = to_timeout(timeout);
+            if (t.count() < 0) t = std::chrono::milliseconds(std::numeric_limits<int>::max());
+            py::gil_scoped_release unlocked;
+            return hub.wait_for_hosts(hosts, t);
+          },
+          py::arg("hosts"), py::arg("timeout"));
+
+  py::class_<StopFlag>(m, "StopFlag")
+      .def(py::init<>())
+      .def("set", [](StopFlag& f) { f.value = true; })
+      .def("is_set", [](const StopFlag& f) { return f.value.load(); });
+
+  py::class_<JoinedHead>(m, "JoinedHead")
+      .def_property_readonly("number", [](const JoinedHead& j) { return j.joined.number; })
+      .def_property_readonly("address", [](const JoinedHead& j) { return j.joined.host.address; })
+      .def_property_readonly("capacity", [](const JoinedHead& j) { return j.joined.host.capacity; })
+      .def(
+          "serve",
+          [](JoinedHead& j, std::string executable, std::vector<std::string> args,
+             std::map<std::string, std::string> config, int retries, int inflight,
+             double task_timeout, double start_timeout, int threads_per_worker, StopFlag& stop) {
+            if (!j.joined.link) throw Error(Errc::closed, "this host has served its head already");
+            PoolOptions o =
+                python_pool_options(j.joined.host.devices, std::move(executable), std::move(args),
+                                    worker_config(j.joined.setup, std::move(config)), retries,
+                                    inflight, task_timeout, start_timeout, threads_per_worker);
+            py::gil_scoped_release unlocked;
+            std::optional<Pool> pool;
+            auto link = std::move(j.joined.link);
+            struct Close {  // what is left runs again elsewhere: the head retries it
+              std::optional<Pool>& pool;
+              ~Close() {
+                if (pool) pool->close(Shutdown::Cancel);
+              }
+            } close{pool};
+            const ServeEnd end = serve_head(
+                [&]() -> Pool& {
+                  pool.emplace(std::move(o));
+                  return *pool;
+                },
+                *link, j.serve, stop.value);
+            return std::string(end == ServeEnd::head_left ? "head_left" : "stopped");
+          },
+          py::arg("executable"), py::arg("args"), py::arg("config"), py::arg("retries"),
+          py::arg("maxtasks_inflight"), py::arg("task_timeout"), py::arg("start_timeout"),
+          py::arg("threads_per_worker"), py::arg("stop"),
+          "starts this host's workers as the head's setup says and serves the head until one "
+          "side leaves: 'head_left' or 'stopped'");
+
+  m.def(
+      "join_head",
+      [](const std::string& join, const std::string& secret_file, std::string name,
+         std::string address, std::vector<std::string> devices, int inflight, double join_timeout,
+         double heartbeat, double lost_after) {
+        const Endpoint head = parse_endpoint(join, false);
+        const Secret secret = Secret::load(secret_file);
+        HostInfo self;
+        self.name = std::move(name);
+        self.address = address.empty() ? address_towards(head.address) : std::move(address);
+        self.devices = std::move(devices);
+        self.capacity = self.devices.size() * static_cast<std::size_t>(inflight);
+        LinkOptions link;
+        link.address = self.address;
+        link.timeout = ms(lost_after, "lost_after");
+        link.join_timeout = ms(join_timeout, "join_timeout");
+        JoinedHead j;
+        j.serve.heartbeat = ms(heartbeat, "heartbeat");
+        j.serve.lost_after = link.timeout;
+        const auto timeout = link.join_timeout;
+        py::gil_scoped_release unlocked;
+        j.joined = join_head(connect_store(head.address, head.port, timeout), secret,
+                             std::move(self), std::move(link), timeout,
+                             [](const std::string& setup) { require_workers(setup, kWorkers); });
+        return j;
+      },
+      py::arg("join"), py::arg("secret_file"), py::arg("name"), py::arg("address"),
+      py::arg("devices"), py::arg("maxtasks_inflight"), py::arg("join_timeout"),
+      py::arg("heartbeat"), py::arg("lost_after"),
+      "joins the head at ADDRESS:PORT, proving the secret; the host's pool starts in serve()");
+}
+#else
+void bind_hosts(py::module_& m) {
+  m.attr("has_hosts") = false;
+}
+#endif
+
+}  // namespace ferry::python

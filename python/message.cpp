@@ -1,0 +1,50 @@
+#include "python/message.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "ipc/channel.hpp"
+#include "ipc/error.hpp"
+#include "runtime/shared_tensor.hpp"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+
+Tensors pack_message(const py::bytes& payload, const std::vector<at::Tensor>& bases) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(payload.ptr(), &data, &size) != 0) throw py::error_already_set();
+  Tensors message;
+  message.reserve(bases.size() + 1);
+  message.push_back(empty_shared({static_cast<std::int64_t>(size)}, at::kByte));
+  if (size > 0) std::memcpy(message.back().data_ptr(), data, static_cast<std::size_t>(size));
+  message.insert(message.end(), bases.begin(), bases.end());
+  return message;
+}
+
+py::tuple unpack_message(Tensors message) {
+  if (message.empty() || message[0].scalar_type() != at::kByte || message[0].dim() != 1 ||
+      !message[0].is_cpu() || !message[0].is_contiguous()) {
+    throw Error(Errc::bad_record,
+                "the message is not a ferry Python message (no payload first); was it sent by "
+                "C++ TensorQueue::send to a Python queue?");
+  }
+  const at::Tensor& p = message[0];
+  py::bytes payload(static_cast<const char*>(p.data_ptr()), static_cast<std::size_t>(p.numel()));
+  py::list bases;
+  for (std::size_t i = 1; i < message.size(); ++i) bases.append(std::move(message[i]));
+  return py::make_tuple(std::move(payload), std::move(bases));
+}
+
+std::chrono::milliseconds to_timeout(std::optional<double> seconds) {
+  if (!seconds) return kForever;
+  if (!std::isfinite(*seconds) || *seconds < 0) {
+    throw Error(Errc::invalid_argument, "timeout " + std::to_string(*seconds) +
+                                            " s is not a non-negative number of seconds (None "
+                                            "waits for ever)");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(*seconds * 1000.0)));
+}
+
+}  // namespace ferry::python

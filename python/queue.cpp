@@ -1,0 +1,60 @@
+// ferry._C.TensorQueue: the queue of Python messages (ferry/_queue.py builds Queue on it).
+#include "python/queue.hpp"
+
+#include <pybind11/stl.h>
+
+#include "python/message.hpp"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+
+void bind_queue(py::module_& m) {
+  py::class_<TensorQueue>(m, "TensorQueue")
+      .def_static(
+          "create",
+          [](std::uint32_t capacity, std::uint32_t max_messages) {
+            return TensorQueue::create({capacity, max_messages});
+          },
+          py::arg("capacity"), py::arg("max_messages") = 0,
+          "a new queue of `capacity` tensors in flight, `max_messages` messages (0: no bound)")
+      .def_static("attach", &TensorQueue::attach, py::arg("fd"), py::arg("announced") = false,
+                  py::arg("custody_fd") = -1,
+                  "the queue whose fds were inherited or received (they are duplicated); "
+                  "`announced`: the sender of the fds announced this process")
+      .def("announce", &TensorQueue::announce,
+           "counts one process on its way to the queue (before a fork or a pickle)")
+      .def("hold", &TensorQueue::hold, py::arg("announced") = false,
+           "counts this process as one that may put or get; ends an announce() if `announced`")
+      .def(
+          "put",
+          [](TensorQueue& q, const py::bytes& payload, const std::vector<at::Tensor>& bases,
+             std::optional<double> timeout) {
+            Tensors message = pack_message(payload, bases);
+            const auto ms = to_timeout(timeout);
+            py::gil_scoped_release unlocked;
+            q.send(message, ms);
+          },
+          py::arg("payload"), py::arg("bases"), py::arg("timeout") = py::none(),
+          "sends one message; blocks while the queue is full")
+      .def(
+          "get",
+          [](TensorQueue& q, std::optional<double> timeout) {
+            const auto ms = to_timeout(timeout);
+            Tensors message;
+            {
+              py::gil_scoped_release unlocked;
+              message = q.recv(ms);
+            }
+            return unpack_message(std::move(message));
+          },
+          py::arg("timeout") = py::none(), "(payload, bases) of the oldest message")
+      .def("shutdown", &TensorQueue::close, "closes the queue for every process")
+      .def("messages", &TensorQueue::messages, "messages queued now")
+      .def("max_messages", &TensorQueue::max_messages)
+      .def("capacity", &TensorQueue::capacity)
+      .def("fd", &TensorQueue::fd)
+      .def("custody_fd", &TensorQueue::custody_fd);
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,46 @@
+#include "python/worker.hpp"
+
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "python/message.hpp"
+#include "python/pool.hpp"  // kSharedPrefix
+#include "workers/task_registry.hpp"
+#include "workers/worker_loop.hpp"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+
+void bind_worker(py::module_& m) {
+  m.def(
+      "serve_worker",
+      [](int control_fd, py::function handler) {
+        // Lives as long as the process: the registry keeps the task past the interpreter.
+        auto* fn = new py::function(std::move(handler));
+        auto* config = new py::dict();  // the Hello's, the same for every task: made once
+        auto* shared = new py::list();  // the storages of the pool's shared objects, in order
+        register_task("python", [fn, config, shared](TaskContext& ctx, Tensors in) -> Tensors {
+          py::gil_scoped_acquire gil;
+          if (config->empty()) {
+            for (const auto& [k, v] : *ctx.config) (*config)[py::str(k)] = v;
+            for (const auto& [k, t] : *ctx.shared) {
+              if (k.rfind(kSharedPrefix, 0) == 0) shared->append(t);
+            }
+          }
+          py::tuple message = unpack_message(std::move(in));
+          // (True, payload, bases) or (False, the error with the worker's traceback, [])
+          py::tuple r =
+              (*fn)(ctx.worker_id, ctx.device.str(), *config, *shared, message[0], message[1]);
+          if (!r[0].cast<bool>()) throw std::runtime_error(r[1].cast<std::string>());
+          return pack_message(r[1].cast<py::bytes>(), r[2].cast<std::vector<at::Tensor>>());
+        });
+        py::gil_scoped_release unlocked;
+        return run_worker(control_fd);
+      },
+      py::arg("control_fd"), py::arg("handler"),
+      "serves a supervisor's tasks on the inherited control socket; returns the exit code");
+}
+
+}  // namespace ferry::python
