@@ -24,6 +24,7 @@ namespace ferry::python {
 namespace {
 
 using namespace ferry::hosts;
+using namespace pybind11::literals;
 
 constexpr const char* kWorkers = "python";  // the setup's "workers": ferry.Pool's
 // The one key of a head's setup that reaches a host's workers (python.path stays the host's own:
@@ -66,12 +67,8 @@ std::map<std::string, std::string> worker_config(const std::string& setup,
 
 py::dict hub_stats(const HeadHub& hub) {
   const HubStats s = hub.stats();
-  py::dict d;
-  d["joined"] = s.joined;
-  d["refused"] = s.refused;
-  d["lost"] = s.lost;
-  d["live"] = s.live;
-  return d;
+  return py::dict("joined"_a = s.joined, "refused"_a = s.refused, "lost"_a = s.lost,
+                  "live"_a = s.live);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "runtime/tensor_queue.hpp"
@@ -22,5 +23,16 @@ pybind11::tuple unpack_message(Tensors message);
 
 // Seconds from Python (None: wait for ever) as a ferry timeout.
 std::chrono::milliseconds to_timeout(std::optional<double> seconds);
+
+// Packs (payload, bases) under the GIL, then returns send(message, timeout) with the GIL
+// released, so that other Python threads run while the send blocks.
+template <class Send>
+auto send_message(const pybind11::bytes& payload, const std::vector<at::Tensor>& bases,
+                  std::optional<double> timeout, Send&& send) {
+  Tensors message = pack_message(payload, bases);
+  const auto ms = to_timeout(timeout);
+  pybind11::gil_scoped_release unlocked;
+  return send(std::move(message), ms);
+}
 
 }  // namespace ferry::python

@@ -7,12 +7,12 @@
 #include <torch/version.h>
 
 #include "ipc/diag/shm_check.hpp"
-#include "ipc/stats.hpp"
 #include "python/errors.hpp"
 #include "python/hosts.hpp"
 #include "python/message.hpp"
 #include "python/pool.hpp"
 #include "python/queue.hpp"
+#include "python/stats.hpp"
 #include "python/storages.hpp"
 #include "python/worker.hpp"
 #include "runtime/fork_threads.hpp"
@@ -20,59 +20,6 @@
 #include "runtime/tensor_queue.hpp"
 
 namespace py = pybind11;
-
-namespace {
-
-py::dict transport_stats_dict() {
-  const ferry::TransportStats s = ferry::transport_stats();
-  py::dict d;
-#define FERRY_STAT(name) d[#name] = s.name
-  FERRY_STAT(messages_sent);
-  FERRY_STAT(messages_received);
-  FERRY_STAT(tensors_zero_copy);
-  FERRY_STAT(bytes_zero_copy);
-  FERRY_STAT(tensors_copied);
-  FERRY_STAT(bytes_copied);
-  FERRY_STAT(tensors_received);
-  FERRY_STAT(bytes_received);
-  FERRY_STAT(tensors_copied_on_receipt);
-  FERRY_STAT(bytes_copied_on_receipt);
-  FERRY_STAT(storages_relocated);
-  FERRY_STAT(bytes_relocated);
-  FERRY_STAT(segments_created);
-  FERRY_STAT(segments_mapped);
-  FERRY_STAT(fds_fetched);
-  FERRY_STAT(leases_reclaimed);
-  FERRY_STAT(cuda_tensors_zero_copy);
-  FERRY_STAT(cuda_bytes_zero_copy);
-  FERRY_STAT(cuda_handles_exported);
-  FERRY_STAT(cuda_handles_opened);
-  FERRY_STAT(cuda_handle_cache_hits);
-  FERRY_STAT(cuda_handles_closed);
-  FERRY_STAT(cuda_events_recorded);
-  FERRY_STAT(cuda_event_pool_syncs);
-  FERRY_STAT(cuda_peer_deaths);
-#undef FERRY_STAT
-  py::dict reasons;
-  for (int r = 0; r < static_cast<int>(ferry::CopyReason::count_); ++r) {
-    reasons[ferry::copy_reason_name(static_cast<ferry::CopyReason>(r))] = s.copies_by_reason[r];
-  }
-  d["copies_by_reason"] = reasons;
-  return d;
-}
-
-py::dict arena_stats_dict() {
-  const ferry::ArenaStats a = ferry::arena_stats();
-  py::dict d;
-  d["segments"] = a.segments;
-  d["bytes_reserved"] = a.bytes_reserved;
-  d["bytes_in_use"] = a.bytes_in_use;
-  d["blocks_in_use"] = a.blocks_in_use;
-  d["leases_outstanding"] = a.leases_outstanding;
-  return d;
-}
-
-}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ferry's extension: zero-copy tensors between processes (use the ferry package)";
@@ -116,8 +63,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "exit_linger", [] { return ferry::exit_linger().count() / 1000.0; },
       "FERRY_EXIT_LINGER_MS in seconds");
-  m.def("transport_stats", &transport_stats_dict);
-  m.def("arena_stats", &arena_stats_dict);
+  m.def("transport_stats", &ferry::python::transport_stats_dict);
+  m.def("arena_stats", &ferry::python::arena_stats_dict);
   m.def(
       "check_shm",
       [](std::uint64_t need_bytes, unsigned workers, std::string dir, bool cuda) {

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "python/message.hpp"
+#include "python/stats.hpp"
 #include "runtime/pool.hpp"
 
 namespace py = pybind11;
@@ -56,40 +57,6 @@ struct HeldFunction {
     fn = py::function();
   }
 };
-
-py::dict stats_dict(const PoolStats& s) {
-  py::list workers;
-  for (const WorkerStats& w : s.workers) {
-    py::dict d;
-    d["id"] = w.id;
-    d["device"] = w.device;
-    d["pid"] = w.pid;
-    d["tasks_done"] = w.tasks_done;
-    d["tasks_failed"] = w.tasks_failed;
-    d["tasks_lost"] = w.tasks_lost;
-    d["restarts"] = w.restarts;
-    d["timeouts"] = w.timeouts;
-    d["last_exit"] = w.last_exit;
-    d["given_up"] = w.given_up;
-    d["remote"] = w.remote;
-    d["tensors_zero_copy"] = w.tensors_zero_copy;
-    d["bytes_zero_copy"] = w.bytes_zero_copy;
-    d["tensors_copied"] = w.tensors_copied;
-    d["bytes_copied"] = w.bytes_copied;
-    workers.append(d);
-  }
-  py::dict d;
-  d["workers"] = workers;
-  d["submitted"] = s.submitted;
-  d["completed"] = s.completed;
-  d["failed"] = s.failed;
-  d["retried"] = s.retried;
-  d["input_tensors_zero_copy"] = s.input_tensors_zero_copy;
-  d["input_bytes_zero_copy"] = s.input_bytes_zero_copy;
-  d["input_tensors_copied"] = s.input_tensors_copied;
-  d["input_bytes_copied"] = s.input_bytes_copied;
-  return d;
-}
 
 }  // namespace
 
@@ -168,10 +135,9 @@ void bind_pool(py::module_& m) {
           "submit",
           [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,
              std::optional<double> timeout) {
-            Tensors message = pack_message(payload, bases);
-            const auto ms = to_timeout(timeout);
-            py::gil_scoped_release unlocked;
-            return Future{p.submit(kTask, std::move(message), ms).share()};
+            return send_message(payload, bases, timeout, [&](Tensors message, auto ms) {
+              return Future{p.submit(kTask, std::move(message), ms).share()};
+            });
           },
           py::arg("payload"), py::arg("bases"), py::arg("timeout") = py::none())
       .def(
@@ -197,7 +163,7 @@ void bind_pool(py::module_& m) {
       .def("size", &Pool::size)
       .def("capacity", &Pool::capacity)
       .def("worker_pids", &Pool::worker_pids)
-      .def("stats", [](const Pool& p) { return stats_dict(p.stats()); });
+      .def("stats", [](const Pool& p) { return pool_stats_dict(p.stats()); });
 }
 
 }  // namespace ferry::python

@@ -30,10 +30,8 @@ void bind_queue(py::module_& m) {
           "put",
           [](TensorQueue& q, const py::bytes& payload, const std::vector<at::Tensor>& bases,
              std::optional<double> timeout) {
-            Tensors message = pack_message(payload, bases);
-            const auto ms = to_timeout(timeout);
-            py::gil_scoped_release unlocked;
-            q.send(message, ms);
+            send_message(payload, bases, timeout,
+                         [&](Tensors message, auto ms) { q.send(message, ms); });
           },
           py::arg("payload"), py::arg("bases"), py::arg("timeout") = py::none(),
           "sends one message; blocks while the queue is full")
