@@ -1,0 +1,49 @@
+// The parts of `ferry run` and `ferry host` that span several hosts (docs/multi-host.md). Where
+// this ferry was built for one machine only (FERRY_HAVE_HOSTS=0), asking for them is a BadInput
+// that names what was missing, and the rest of the program does not know the difference.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "runtime/remote_workers.hpp"
+#include "tools/ferry_inputs.hpp"
+
+namespace ferry::hosts {
+class HeadHub;
+}
+
+namespace ferry::tools {
+
+// What `ferry run` reports of the hosts that joined it.
+struct HostCounts {
+  std::uint64_t joined = 0, lost = 0, refused = 0;
+};
+
+// The head's side of `ferry run --listen`: hosts may join from the time it is made.
+class HostsHead {
+ public:
+  // Listens where --listen says and says so on stderr; without --listen, nothing.
+  explicit HostsHead(const RunArgs& a);
+  ~HostsHead();
+  HostsHead(const HostsHead&) = delete;
+  HostsHead& operator=(const HostsHead&) = delete;
+
+  // What the pool reaches the hosts through (PoolOptions::remote); null without --listen.
+  std::shared_ptr<ferry::RemoteWorkers> remote() const;
+  // False when fewer hosts than --wait-hosts joined within --join-timeout-ms (which it reports
+  // on stderr, unless a stop signal cut the wait short).
+  bool joined_in_time(const RunArgs& a) const;
+  // The counts for the report; nullopt without --listen.
+  std::optional<HostCounts> counts() const;
+
+ private:
+  std::shared_ptr<ferry::hosts::HeadHub> hub_;
+};
+
+// `ferry host`: this machine's workers take tasks from a head elsewhere until the head's job
+// ends (exit 0), the head is lost (3), or SIGINT/SIGTERM (128+N, after a goodbye to the head).
+int host(const RunArgs& a);
+
+}  // namespace ferry::tools

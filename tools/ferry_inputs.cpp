@@ -1,0 +1,224 @@
+#include "tools/ferry_inputs.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <torch/script.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+
+#include "ipc/cuda/visible_gpus.hpp"
+#include "workers/task_registry.hpp"
+
+namespace ferry::tools {
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// Whether this program's LibTorch has CUDA, asked without initialising it (torch::cuda's and
+// at::hasCUDA()'s answers count the devices, which initialises the driver): a CUDA build has
+// loaded c10's CUDA library with it.
+bool torch_has_cuda() {
+  void* lib = ::dlopen("libc10_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) return false;
+  ::dlclose(lib);
+  return true;
+}
+
+// The default device list: every core as a CPU worker and every GPU this LibTorch can use. The
+// GPUs are counted without initialising CUDA here, so the workers may still be forked, and the
+// one on a GPU can use it.
+std::vector<std::string> default_devices() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> d(cores, "cpu");
+  if (torch_has_cuda()) {
+    const int gpus = ferry::cuda::visible_gpus();
+    for (int i = 0; i < gpus; ++i) d.push_back("cuda:" + std::to_string(i));
+  }
+  return d;
+}
+
+// The options of this machine's pool, the same for `ferry run` and `ferry host`.
+void add_pool_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--workers", a.workers, "CPU workers (default: one per core)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--devices", a.devices,
+                  "one worker per entry, e.g. cpu,cpu,cuda:0 (overrides --workers)")
+      ->excludes("--workers");
+  cmd->add_option("--start", a.start,
+                  "how workers start: fork (only while CUDA is uninitialised here), spawn (runs "
+                  "the worker executable), auto (fork when safe)")
+      ->check(CLI::IsMember({"auto", "fork", "spawn"}));
+  cmd->add_option("--model", a.model, "TorchScript file for --task torchscript");
+  cmd->add_option("--timeout-ms", a.timeout_ms,
+                  "kill a worker whose task runs longer (0: no limit)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
+      ->check(CLI::Range(0, 100));
+  cmd->add_option("--max-failed-starts", a.restart.max_failed_starts,
+                  "failed starts in a row, any cause, before a worker slot is given up")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-start-crashes", a.restart.max_start_crashes,
+                  "failed starts in a row by the worker's own fault before it is given up")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--restart-backoff-ms", a.backoff_ms,
+                  "wait before retrying a failed start; doubles with each failure in a row")
+      ->check(CLI::Range(0, 3600000));
+  cmd->add_option("--restart-backoff-max-ms", a.backoff_max_ms, "the longest such wait")
+      ->check(CLI::Range(0, 3600000));
+  cmd->add_option("--worker", a.worker,
+                  "worker executable for spawn (default: ferry-worker beside this program)");
+}
+
+// The options of a job on several hosts that the head and its hosts share.
+void add_link_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--secret-file", a.secret_file,
+                  "the job's shared secret: a file of 16 bytes or more that only its owner can "
+                  "read (default: FERRY_SECRET)");
+  cmd->add_option("--join-timeout-ms", a.join_timeout_ms,
+                  "how long joining, and --wait-hosts, may take")
+      ->check(CLI::Range(100, 1 << 30));
+  cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "a quiet link sends a heartbeat this often")
+      ->check(CLI::Range(10, 600000));
+  cmd->add_option("--lost-after-ms", a.lost_after_ms,
+                  "a peer silent this long is lost (at least twice the heartbeat)")
+      ->check(CLI::Range(20, 1 << 30));
+}
+
+}  // namespace
+
+CLI::App* add_run_command(CLI::App& app, RunArgs& a) {
+  CLI::App* run_cmd = app.add_subcommand(
+      "run",
+      "Start workers, stream batches through a task, and report throughput, latency and how "
+      "many bytes moved zero-copy. With no options: the built-in 'mlp' over 200 synthetic "
+      "batches on every CPU core (and every GPU LibTorch can use).");
+  add_pool_options(run_cmd, a);
+  // The tasks of this program's own registry: what forked workers run, and what the default
+  // ferry-worker has too.
+  std::string known;
+  for (const auto& n : ferry::task_names()) known += (known.empty() ? "" : ", ") + n;
+  run_cmd->add_option(
+      "--task", a.task,
+      "task to run (here: " + known + "); a custom worker (--worker) may register more");
+  run_cmd->add_option("--input", a.input,
+                      "tensors saved by torch.save([t0, t1, ...]); each is one task's input");
+  run_cmd->add_option("--output", a.output,
+                      "write the results, in input order, for Python's torch.load");
+  run_cmd->add_option("--batches", a.batches, "synthetic batches when there is no --input")
+      ->check(CLI::Range(1, 100000000));
+  run_cmd->add_option("--batch-size", a.batch_size, "rows per synthetic batch")
+      ->check(CLI::Range(1, 1 << 20));
+  run_cmd->add_option("--features", a.features, "columns per synthetic batch (mlp: 64)")
+      ->check(CLI::Range(1, 1 << 20));
+  run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
+  run_cmd->add_option("--listen", a.listen,
+                      "also run tasks on hosts that join at ADDRESS:PORT (PORT 0: any free one; "
+                      "ferry host --join); the store and links listen on that address only");
+  run_cmd
+      ->add_option("--wait-hosts", a.wait_hosts,
+                   "with --listen: wait for this many hosts before the first task")
+      ->check(CLI::Range(0, 4096));
+  add_link_options(run_cmd, a);
+  run_cmd->footer(
+      "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
+      "3 the pool could not start or broke (every worker given up), or --wait-hosts ran out,\n"
+      "130/143 stopped by SIGINT/SIGTERM.\n"
+      "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable,\n"
+      "FERRY_SECRET for the hosts' secret; every variable is in docs/environment.md.");
+
+  return run_cmd;
+}
+
+CLI::App* add_host_command(CLI::App& app, RunArgs& a) {
+  CLI::App* host_cmd = app.add_subcommand(
+      "host",
+      "Join the head of a job on another machine (ferry run --listen) and run its tasks on "
+      "this machine's workers until the job ends (docs/multi-host.md).");
+  host_cmd->add_option("--join", a.join, "the head's ADDRESS:PORT")->required();
+  add_pool_options(host_cmd, a);
+  host_cmd->add_option("--address", a.address,
+                       "this host's address as the head reaches it (default: the one on the "
+                       "route to the head)");
+  host_cmd->add_option("--name", a.name,
+                       "this host's name in the head's reports (default: its "
+                       "hostname)");
+  add_link_options(host_cmd, a);
+  host_cmd->footer(
+      "Exit codes: 0 the head's job ended, 2 bad arguments, 3 could not join or lost the head,\n"
+      "130/143 stopped by SIGINT/SIGTERM (the head is told and runs its tasks elsewhere).");
+  return host_cmd;
+}
+
+ferry::PoolOptions pool_options(const RunArgs& a) {
+  ferry::PoolOptions o;
+  if (!a.devices.empty()) {
+    o.devices = split(a.devices);
+  } else if (a.workers > 0) {
+    o.devices.assign(a.workers, "cpu");
+  } else {
+    o.devices = default_devices();
+  }
+  o.start = ferry::parse_start(a.start);
+  o.worker_executable = a.worker;
+  o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
+  o.max_retries = a.retries;
+  o.restart = a.restart;
+  o.restart.backoff = std::chrono::milliseconds(a.backoff_ms);
+  o.restart.backoff_max = std::chrono::milliseconds(a.backoff_max_ms);
+  if (!a.model.empty()) o.config["model"] = a.model;
+  if (a.task == "torchscript" && a.model.empty()) {
+    throw BadInput("--task torchscript needs --model FILE.pt (a model saved by torch.jit.save)");
+  }
+  if (!a.model.empty() && ::access(a.model.c_str(), R_OK) != 0) {
+    throw BadInput("cannot read --model '" + a.model + "': " + std::strerror(errno));
+  }
+  return o;
+}
+
+std::vector<at::Tensor> load_tensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw BadInput("cannot read --input '" + path + "': " + std::strerror(errno));
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
+  torch::jit::IValue v;
+  try {
+    v = torch::jit::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw BadInput("--input '" + path + "' is not a file written by torch.save: " +
+                   std::string(e.what()).substr(0, 200));
+  }
+  std::vector<at::Tensor> out;
+  auto take = [&](const torch::jit::IValue& x) {
+    if (!x.isTensor()) {
+      throw BadInput("--input '" + path + "' holds a " + x.tagKind() +
+                     " where a tensor should be; save a list or tuple of tensors");
+    }
+    out.push_back(x.toTensor());
+  };
+  if (v.isList()) {
+    for (const auto& x : v.toListRef()) take(x);
+  } else if (v.isTuple()) {
+    for (const auto& x : v.toTuple()->elements()) take(x);
+  } else if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else {
+    throw BadInput("--input '" + path + "' holds a " + v.tagKind() +
+                   "; save a list or tuple of tensors with torch.save");
+  }
+  return out;
+}
+
+}  // namespace ferry::tools

@@ -1,0 +1,57 @@
+// What a user gives `ferry run` and `ferry host`: the command line, the tensors of --input, and
+// the pool's options made from them. A problem with any of it is a BadInput (exit code 2).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/ferry.hpp"
+
+namespace ferry::tools {
+
+// Exit codes (the commands' footers list them; 128+N is a stop by signal N).
+inline constexpr int kOk = 0, kTasksFailed = 1, kBadInput = 2, kBroken = 3;
+
+struct RunArgs {
+  int workers = 0;
+  std::string devices;
+  std::string start = "auto";
+  std::string task = "mlp";
+  std::string model, input, output, worker;
+  int batches = 200;
+  int batch_size = 64;
+  std::int64_t features = ferry::kMlpFeatures;
+  int timeout_ms = 0;
+  int retries = 2;
+  ferry::RestartPolicy restart;
+  int backoff_ms = static_cast<int>(restart.backoff.count());
+  int backoff_max_ms = static_cast<int>(restart.backoff_max.count());
+  bool json = false;
+  // Several hosts (docs/multi-host.md): the head listens; each host joins.
+  std::string listen, join, secret_file, address, name;
+  int wait_hosts = 0;
+  int join_timeout_ms = 30000;
+  int heartbeat_ms = 500;
+  int lost_after_ms = 5000;
+};
+
+// A problem with what the user gave us, reported as exit code 2.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The `run` and `host` subcommands of `app`, their options read into `a`.
+CLI::App* add_run_command(CLI::App& app, RunArgs& a);
+CLI::App* add_host_command(CLI::App& app, RunArgs& a);
+
+// The pool's options from the command line, for `ferry run` and `ferry host` alike.
+ferry::PoolOptions pool_options(const RunArgs& a);
+
+// Tensors saved from Python with torch.save([t0, t1, ...]) (a list or tuple of tensors).
+std::vector<at::Tensor> load_tensors(const std::string& path);
+
+}  // namespace ferry::tools

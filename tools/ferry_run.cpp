@@ -1,0 +1,191 @@
+#include "tools/ferry_run.hpp"
+
+#include <signal.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "ipc/cuda/gate.hpp"
+#include "ipc/diag/shm_check.hpp"
+#include "ipc/log.hpp"
+#include "tools/ferry_hosts.hpp"
+#include "tools/ferry_report.hpp"
+#include "tools/stop_signals.hpp"
+
+namespace ferry::tools {
+namespace {
+
+// The CUDA device every worker uses, if they all use the same one. Only then does this process
+// touch CUDA (it stages the batches there), so the question to LibTorch comes last.
+std::optional<at::Device> staging_device(const std::vector<std::string>& devices) {
+  if (devices.empty()) return std::nullopt;
+  for (const auto& d : devices) {
+    if (d != devices.front()) return std::nullopt;
+  }
+  const std::string& d = devices.front();
+  if (d.rfind("cuda", 0) != 0) return std::nullopt;
+  ferry::cuda::enter("ferry run stages its batches on the workers' CUDA device");
+  if (!at::hasCUDA()) return std::nullopt;
+  return at::Device(d == "cuda" ? std::string("cuda:0") : d);
+}
+
+// The task's inputs: synthetic batches, or the tensors of --input.
+class Batches {
+ public:
+  Batches(const RunArgs& a, const std::vector<std::string>& devices) : a_(a) {
+    if (!a.input.empty()) given_ = load_tensors(a.input);
+    count_ = a.input.empty() ? static_cast<std::size_t>(a.batches) : given_.size();
+    features_ = a.task == "mlp" ? ferry::kMlpFeatures : a.features;
+    // Synthetic batches are made in shared memory, as a data loader using ferry would, so they
+    // travel zero-copy; inputs read from a file are copied once on send.
+    // When every worker computes on one CUDA device, batches are staged there once, here, and
+    // reach the workers by CUDA IPC handle (their results come back the same way); otherwise
+    // they stay on the CPU and each worker moves them itself.
+    stage_ = staging_device(devices);
+  }
+
+  std::size_t count() const { return count_; }
+
+  ferry::Tensors operator()(std::size_t i) const {
+    at::Tensor t;
+    if (!a_.input.empty()) {
+      t = given_[i];
+    } else {
+      t = ferry::empty_shared({a_.batch_size, features_}, at::kFloat);
+      t.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(1000 + i));
+    }
+    return {stage_ ? t.to(*stage_) : t};
+  }
+
+ private:
+  const RunArgs& a_;
+  std::vector<at::Tensor> given_;
+  std::size_t count_ = 0;
+  std::int64_t features_ = 0;
+  std::optional<at::Device> stage_;
+};
+
+// BadInput unless the workers have the task --task names.
+void require_task(const ferry::Pool& pool, const std::string& task) {
+  const std::vector<std::string> tasks = pool.tasks();
+  if (std::find(tasks.begin(), tasks.end(), task) == tasks.end()) {
+    std::string list;
+    for (const auto& n : tasks) list += (list.empty() ? "" : ", ") + n;
+    throw BadInput("--task '" + task + "' is not a task of the workers (they have: " + list +
+                   "); register it with FERRY_TASK in a worker and pass --worker");
+  }
+}
+
+// Streams every batch through the task, gathering what the report needs; a stop signal or a
+// broken pool ends the stream early.
+RunOutcome stream(ferry::Pool& pool, const RunArgs& a, const Batches& batches) {
+  RunOutcome r;
+  r.count = batches.count();
+  r.results.resize(a.output.empty() ? 0 : r.count);
+  const auto t0 = std::chrono::steady_clock::now();
+  Progress progress(r.count);
+  try {
+    auto results = pool.imap_unordered(a.task, r.count, [&](std::size_t i) { return batches(i); });
+    while (auto got = results.next()) {
+      ++r.done;
+      r.latencies.push_back(std::chrono::duration<double>(got->latency).count());
+      if (got->error) {
+        try {
+          std::rethrow_exception(got->error);
+        } catch (const std::exception& e) {
+          if (!stop_signal()) r.errors.push_back(e.what());
+        }
+      } else if (!r.results.empty()) {
+        r.results[got->index] = std::move(got->outputs);
+      }
+      if (!a.json) progress.update(r.done, r.errors.size());
+    }
+  } catch (const ferry::Error& e) {
+    if (!stop_signal()) r.broken = e.what();
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.stats = pool.stats();  // before close, while the pids are current
+  return r;
+}
+
+}  // namespace
+
+void check_shared_memory(unsigned workers) {
+  ferry::ShmCheckOptions options;
+  options.workers = workers;
+  const ferry::ShmReport report = ferry::check_shm(options);
+  std::string failures;
+  std::optional<ferry::Errc> code;  // the first failed check's, in the report's order
+  for (const auto& item : report.items) {
+    if (item.verdict == ferry::Verdict::ok) continue;
+    const std::string line =
+        item.name + ": " + item.summary + (item.remedy.empty() ? "" : "; " + item.remedy);
+    if (item.verdict == ferry::Verdict::fail) {
+      failures += "\n  " + line;
+      if (!code) code = ferry::failure_code(item.name);
+    } else {
+      ferry::log().info("shared-memory check: {}", line);
+    }
+  }
+  if (code) {
+    throw ferry::Error(*code,
+                       "the shared-memory checks failed (ferry-shm check tells more):" + failures);
+  }
+}
+
+void start_pool(std::optional<ferry::Pool>& pool, const ferry::PoolOptions& o) {
+  try {
+    pool.emplace(o);
+  } catch (const ferry::Error& e) {
+    if (e.code() == ferry::Errc::invalid_argument) throw BadInput(e.detail());
+    throw;
+  }
+}
+
+int run(const RunArgs& a) {
+  ferry::PoolOptions o = pool_options(a);
+  const Batches batches(a, o.devices);
+  check_shared_memory(static_cast<unsigned>(o.devices.size()));
+  const HostsHead hosts(a);
+  o.remote = hosts.remote();
+  std::optional<ferry::Pool> pool;
+  start_pool(pool, o);
+  require_task(*pool, a.task);
+  // SIGINT and SIGTERM close the pool: in-flight tasks are cancelled, workers stopped and
+  // reaped, and the stream ends.
+  const StopSignalThread signals([&] {
+    try {
+      pool->close(ferry::Shutdown::Cancel);
+    } catch (const std::exception& e) {
+      ferry::log().error("closing the pool on a signal: {}", e.what());
+    }
+  });
+  if (!hosts.joined_in_time(a)) return stop_signal() ? 128 + stop_signal() : kBroken;
+
+  RunOutcome r = stream(*pool, a, batches);
+  pool->close(ferry::Shutdown::Cancel);
+  const auto& workers = r.stats.workers;
+  if (r.broken.empty() &&
+      std::all_of(workers.begin(), workers.end(), [](const auto& w) { return w.given_up; })) {
+    r.broken = "ferry: worker_lost: every worker was given up";
+  }
+  if (stop_signal()) {
+    std::fprintf(stderr, "ferry: stopped by %s after %zu of %zu tasks; workers stopped\n",
+                 stop_signal() == SIGINT ? "SIGINT" : "SIGTERM", r.done, r.count);
+    return 128 + stop_signal();
+  }
+  print_failures(r);
+  if (!a.output.empty() && r.complete()) save_results(a.output, r.results);
+  r.hosts = hosts.counts();
+  print_summary(a, r);
+  if (!r.broken.empty()) return kBroken;
+  return r.errors.empty() ? kOk : kTasksFailed;
+}
+
+}  // namespace ferry::tools
