@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/ferry.hpp"
+#include "workers/builtin_tasks.hpp"  // kMlpFeatures
 
 namespace ferry::tools {
 

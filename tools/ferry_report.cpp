@@ -141,7 +141,7 @@ void print_text(const RunArgs& a, const RunOutcome& r) {
                   w.last_exit.c_str());
     }
   }
-  if (!a.output.empty() \&\& r.complete()) {
+  if (!a.output.empty() && r.complete()) {
     std::printf("  wrote %zu results to %s\n", r.results.size(), a.output.c_str());
   }
 }
