@@ -12,7 +12,8 @@ namespace ferry {
 namespace {
 
 constexpr std::size_t kMaxBytes = 64 * 1024;
-constexpr std::size_t kMaxFds = 8;
+// A CUDA span's chunks travel in one message (ipc/cuda/vmm_span.hpp: kMaxSpanChunks).
+constexpr std::size_t kMaxFds = 128;
 
 }  // namespace
 
@@ -28,7 +29,7 @@ void send_control(int sock, const std::string& bytes, const std::vector<int>& fd
   if (bytes.size() > kMaxBytes || fds.size() > kMaxFds) {
     throw Error(Errc::invalid_argument, "control message of " + std::to_string(bytes.size()) +
                                             " bytes and " + std::to_string(fds.size()) +
-                                            " fds is over the limit (64 KiB, 8 fds)");
+                                            " fds is over the limit (64 KiB, 128 fds)");
   }
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg{};

@@ -23,7 +23,7 @@ struct ControlMessage {
   std::vector<UniqueFd> fds;
 };
 
-// Sends one message of at most 64 KiB with up to 8 fds. Throws Error(peer_dead) when the other
+// Sends one message of at most 64 KiB with up to 128 fds. Throws Error(peer_dead) when the other
 // end is closed, Error(system) for any other failure.
 void send_control(int sock, const std::string& bytes, const std::vector<int>& fds = {});
 

@@ -33,10 +33,17 @@ struct Request {
   std::uint32_t magic;
   std::uint32_t seq;
 };
+// Followed, for a bundle, by its bytes.
 struct Reply {
   std::uint32_t status;
-  std::uint32_t pad;
-  std::uint64_t size;
+  std::uint32_t fds;   // how many fds ride with it
+  std::uint64_t size;  // a segment's size, or a bundle's byte count
+};
+
+// What a seq names: a segment (one fd, mappable) or a bundle.
+struct Published {
+  std::shared_ptr<Segment> segment;
+  std::shared_ptr<const FdBundle> bundle;
 };
 
 socklen_t socket_address(pid_t pid, std::uint64_t token, sockaddr_un* addr) {
@@ -53,7 +60,7 @@ socklen_t socket_address(pid_t pid, std::uint64_t token, sockaddr_un* addr) {
 struct Server {
   pid_t pid = 0;
   int listen_fd = -1;
-  std::unordered_map<std::uint32_t, std::shared_ptr<Segment>> segments;
+  std::unordered_map<std::uint32_t, Published> published;
 };
 
 std::mutex g_mu;
@@ -79,30 +86,32 @@ pid_t serve_one(int conn) {
       req.magic != kRequestMagic) {
     return 0;
   }
-  std::shared_ptr<Segment> seg;
+  Published found;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    auto it = g_server->segments.find(req.seq);
-    if (it != g_server->segments.end()) seg = it->second;
+    auto it = g_server->published.find(req.seq);
+    if (it != g_server->published.end()) found = it->second;
   }
-  Reply reply{seg ? kFound : kMissing, 0, seg ? seg->size() : 0};
-  iovec iov{&reply, sizeof reply};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (seg) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    const int fd = seg->fd();
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  Reply reply{kMissing, 0, 0};
+  std::string bytes;
+  std::vector<int> fds;
+  if (found.segment) {
+    reply = Reply{kFound, 1, found.segment->size()};
+    fds.push_back(found.segment->fd());
+  } else if (found.bundle) {
+    reply = Reply{kFound, static_cast<std::uint32_t>(found.bundle->fds.size()),
+                  found.bundle->bytes.size()};
+    bytes = found.bundle->bytes;
+    for (const UniqueFd& fd : found.bundle->fds) fds.push_back(fd.get());
   }
-  const bool sent = ::sendmsg(conn, &msg, MSG_NOSIGNAL) >= 0;
-  return seg && sent && cred.pid > 0 ? cred.pid : 0;
+  bytes.insert(0, reinterpret_cast<const char*>(&reply), sizeof reply);
+  try {
+    send_control(conn, bytes, fds);
+  } catch (const Error& e) {
+    log().debug("segment server: answering pid {}: {}", cred.pid, e.detail());
+    return 0;
+  }
+  return reply.status == kFound && cred.pid > 0 ? cred.pid : 0;
 }
 
 struct Reader {
@@ -196,12 +205,17 @@ Server& local_server() {
 
 void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment) {
   std::lock_guard<std::mutex> lock(g_mu);
-  local_server().segments[seq] = std::move(segment);
+  local_server().published[seq] = Published{std::move(segment), nullptr};
+}
+
+void publish_bundle(std::uint32_t seq, std::shared_ptr<const FdBundle> bundle) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  local_server().published[seq] = Published{nullptr, std::move(bundle)};
 }
 
 void withdraw_segment(std::uint32_t seq) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_server && g_server->pid == current_pid()) g_server->segments.erase(seq);
+  if (g_server && g_server->pid == current_pid()) g_server->published.erase(seq);
 }
 
 void set_reader_exit_hook(void (*hook)() noexcept) noexcept {
@@ -211,8 +225,8 @@ void set_reader_exit_hook(void (*hook)() noexcept) noexcept {
 std::shared_ptr<Segment> find_published_segment(std::uint32_t seq) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_server || g_server->pid != current_pid()) return nullptr;
-  auto it = g_server->segments.find(seq);
-  return it == g_server->segments.end() ? nullptr : it->second;
+  auto it = g_server->published.find(seq);
+  return it == g_server->published.end() ? nullptr : it->second.segment;
 }
 
 namespace {
@@ -230,8 +244,11 @@ bool owner_gone(pid_t pid) {
 
 }  // namespace
 
-UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
-                          std::chrono::milliseconds timeout) {
+namespace {
+
+// Asks the owner for entry `seq`; returns its answer once it says found.
+ControlMessage fetch_entry(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
+                           std::chrono::milliseconds timeout, Reply* reply) {
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock) throw_errno(Errc::fd_transfer, "socket for a segment fetch", errno);
   if (timeout.count() >= 0) {
@@ -278,15 +295,39 @@ UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint3
                                        " closed the connection without an answer (too many open "
                                        "files there? raise ulimit -n)");
   }
-  Reply reply{};
-  if (answer.bytes.size() == sizeof reply) std::memcpy(&reply, answer.bytes.data(), sizeof reply);
-  if (reply.status != kFound || answer.fds.size() != 1) {
+  *reply = Reply{};
+  if (answer.bytes.size() >= sizeof *reply) std::memcpy(reply, answer.bytes.data(), sizeof *reply);
+  if (reply->status != kFound || answer.fds.size() != reply->fds) {
     throw Error(Errc::fd_transfer, "pid " + std::to_string(owner_pid) + " no longer has segment " +
                                        std::to_string(seq));
   }
-  UniqueFd fd = std::move(answer.fds[0]);
-  detail::bump(detail::counters().fds_fetched);
-  return fd;
+  answer.bytes.erase(0, sizeof *reply);
+  detail::bump(detail::counters().fds_fetched, answer.fds.size());
+  return answer;
+}
+
+}  // namespace
+
+UniqueFd fetch_segment_fd(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
+                          std::chrono::milliseconds timeout) {
+  Reply reply{};
+  ControlMessage answer = fetch_entry(owner_pid, owner_token, seq, timeout, &reply);
+  if (answer.fds.size() != 1 || !answer.bytes.empty()) {
+    throw Error(Errc::fd_transfer, "pid " + std::to_string(owner_pid) + "'s entry " +
+                                       std::to_string(seq) + " is not a segment");
+  }
+  return std::move(answer.fds[0]);
+}
+
+FdBundle fetch_bundle(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
+                      std::chrono::milliseconds timeout) {
+  Reply reply{};
+  ControlMessage answer = fetch_entry(owner_pid, owner_token, seq, timeout, &reply);
+  if (answer.bytes.size() != reply.size) {
+    throw Error(Errc::fd_transfer, "pid " + std::to_string(owner_pid) + "'s entry " +
+                                       std::to_string(seq) + " is not a bundle");
+  }
+  return FdBundle{std::move(answer.fds), std::move(answer.bytes)};
 }
 
 }  // namespace ferry

@@ -19,6 +19,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ipc/fd.hpp"
 
@@ -28,7 +30,22 @@ class Segment;
 
 // Makes `segment` fetchable by peers as (this process, seq) until withdrawn.
 void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment);
+// Withdraws what was published as `seq` (a segment or a bundle).
 void withdraw_segment(std::uint32_t seq);
+
+// Fds that travel together, with bytes that say what they are: the chunks of a CUDA span
+// (ipc/cuda/span_export.hpp). At most 128 fds and 60 KiB.
+struct FdBundle {
+  std::vector<UniqueFd> fds;
+  std::string bytes;
+};
+// Makes `bundle` fetchable by peers as (this process, seq) until withdrawn. The server keeps
+// its own reference, so the fds stay open while a fetch is being served.
+void publish_bundle(std::uint32_t seq, std::shared_ptr<const FdBundle> bundle);
+// Fetches bundle `seq` from its owner: new fds of the same files, and the bytes. Throws as
+// fetch_segment_fd does.
+FdBundle fetch_bundle(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t seq,
+                      std::chrono::milliseconds timeout);
 // This process's own published segment `seq`, or null.
 std::shared_ptr<Segment> find_published_segment(std::uint32_t seq);
 

@@ -46,8 +46,10 @@ struct TransportStats {
   std::uint64_t leases_reclaimed = 0;  // leases taken back from receivers that died
   // CUDA IPC (runtime/cuda_transport.hpp); the zero-copy ones are also in tensors_zero_copy.
   std::uint64_t cuda_tensors_zero_copy = 0, cuda_bytes_zero_copy = 0;
-  std::uint64_t cuda_handles_exported = 0;   // cudaIpcGetMemHandle calls (once per block)
-  std::uint64_t cuda_handles_opened = 0;     // cudaIpcOpenMemHandle calls (once per block and peer)
+  // Handles exported and opened: cudaIpcGetMemHandle and cudaIpcOpenMemHandle calls (once per
+  // block, and per block and peer); for expandable segments, chunk fds exported and imported.
+  std::uint64_t cuda_handles_exported = 0;
+  std::uint64_t cuda_handles_opened = 0;
   std::uint64_t cuda_handle_cache_hits = 0;  // received tensors that reused an open block
   std::uint64_t cuda_handles_closed = 0;
   std::uint64_t cuda_stale_entries = 0;  // import-cache entries dropped for address reuse

@@ -8,8 +8,9 @@
 // - sizes[i] and strides[i] for i >= rank must be 0. make_record() zeroes them, so a non-zero
 //   value there can only come from a bug or corruption, and rejecting it keeps one byte
 //   pattern per tensor.
-// - flags bits other than kFlagCopied and kFlagEmptyMessage are rejected: a version-1 receiver
-//   cannot know what an unknown flag would ask of it.
+// - flags bits other than those below are rejected: a receiver cannot know what an unknown flag
+//   would ask of it. kFlagByFd is a cuda record's; its segment_seq names a bundle (from
+//   0x80000000, ipc/cuda/span_export.hpp) and its mem_handle is zero.
 // - A CPU device_index is -1 or 0: PyTorch writes "cpu" as index -1 and "cpu:0" as 0, and both
 //   mean the same memory. A CUDA device_index must be >= 0 because "the current device" means
 //   nothing in another process.
@@ -34,7 +35,8 @@ std::string hex32(std::uint32_t v) {
   return buf;
 }
 
-constexpr std::uint32_t kKnownFlags = kFlagCopied | kFlagEmptyMessage | kFlagToDevice;
+constexpr std::uint32_t kKnownFlags = kFlagCopied | kFlagEmptyMessage | kFlagToDevice | kFlagByFd;
+constexpr std::uint32_t kFirstBundleSeq = 0x80000000u;
 
 bool all_zero(const std::uint8_t* p, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
@@ -217,6 +219,7 @@ std::string validate(const Record& r) {
   }
   switch (static_cast<DeviceType>(r.device_type)) {
     case DeviceType::cpu:
+      if (r.flags & kFlagByFd) return "flags " + hex32(r.flags) + " pass a cpu record by fd";
       if (r.flags & kFlagToDevice) {
         if (r.device_index < 0) {
           return "device_index " + i64(r.device_index) +
@@ -234,7 +237,15 @@ std::string validate(const Record& r) {
       if (r.flags & (kFlagToDevice | kFlagEmptyMessage)) {
         return "flags " + hex32(r.flags) + " on a cuda record (staged and empty are cpu records)";
       }
-      if (r.segment_seq != 0) {
+      if (r.flags & kFlagByFd) {
+        if (r.segment_seq < kFirstBundleSeq) {
+          return "segment_seq " + u64(r.segment_seq) +
+                 " on a cuda record passed by fd (expected a bundle, >= 2^31)";
+        }
+        if (!all_zero(r.mem_handle, sizeof r.mem_handle)) {
+          return "mem_handle is set on a cuda record passed by fd";
+        }
+      } else if (r.segment_seq != 0) {
         return "segment_seq " + u64(r.segment_seq) + " on a cuda record (expected 0)";
       }
       if (r.cuda_base == 0) return "cuda_base is 0 on a cuda record";

@@ -51,6 +51,10 @@ inline constexpr std::uint32_t kFlagEmptyMessage = 1u << 1;  // a message of no 
 // A CUDA tensor staged through shared memory (copy-on-send through the CPU transport): the
 // record describes host bytes, and the receiver moves them to the device named by device_uuid.
 inline constexpr std::uint32_t kFlagToDevice = 1u << 2;
+// A CUDA tensor in virtual-memory chunks (expandable segments), passed by fd: segment_seq names
+// the owner's bundle of chunk fds (ipc/cuda/span_export.hpp), cuda_base and segment_size the
+// span, cuda_buffer_id its digest; mem_handle is unused.
+inline constexpr std::uint32_t kFlagByFd = 1u << 3;
 
 // event_slot of a CUDA record whose sender synchronised its stream instead of recording an
 // event (its event pool was exhausted).

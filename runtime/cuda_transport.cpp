@@ -24,6 +24,9 @@
 #include "ipc/cuda/import_cache.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/cuda/send_policy.hpp"
+#include "ipc/cuda/span_export.hpp"
+#include "ipc/cuda/span_import.hpp"
+#include "ipc/cuda/vmm_api.hpp"
 #include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
@@ -34,6 +37,7 @@
 #include "ipc/stats.hpp"
 #include "ipc/step_times.hpp"
 #include "runtime/cuda_ipc.hpp"
+#include "runtime/cuda_spans.hpp"
 #include "runtime/cuda_stream.hpp"
 #include "runtime/dtype.hpp"
 #include "runtime/tensor_codec.hpp"
@@ -79,7 +83,8 @@ void check(const cuda::Status& s, const std::string& doing) {
 // another tensor) until every receiver is done with it.
 struct SentStorage {
   c10::Storage storage;
-  cuda::BlockInfo block;  // the allocation it lies in, for a receiver's refusal
+  cuda::BlockInfo block;                   // the allocation it lies in, for a receiver's refusal
+  std::shared_ptr<cuda::SpanExport> span;  // its chunks' fds, when it travels by fd
 };
 
 // A receiver that could not open an allocation (cudaErrorAlreadyMapped: it has it open outside
@@ -90,6 +95,7 @@ struct Sender {
   std::mutex mu;
   std::unique_ptr<Ledger> ledger;
   cuda::ExportCache handles;
+  cuda::SpanExports spans{cuda::device_vmm()};
   cuda::EventPool events{env_count("FERRY_CUDA_EVENTS", 64)};
   std::map<int, cuda::Uuid> uuids;
   std::set<Refused> refused;
@@ -133,9 +139,9 @@ struct Sender {
       }
     }
   }
-  // Whether a copy on `device` could travel by handle: one small allocation from LibTorch's
+  // Whether a copy on `device` could travel zero-copy: one small allocation from LibTorch's
   // allocator per device and process shows what kind of memory it gives (expandable segments
-  // give memory that legacy IPC cannot export).
+  // give virtual-memory chunks, which travel by fd where they were made for it).
   bool copies_exportable_locked(int device) {
     auto it = copies_exportable.find(device);
     if (it == copies_exportable.end()) {
@@ -143,8 +149,7 @@ struct Sender {
           at::empty({1}, at::TensorOptions(at::kByte).device(at::kCUDA, device));
       cuda::BlockInfo b;
       check(cuda::block_of(probe.storage().data(), &b), "locating LibTorch's CUDA memory");
-      it = copies_exportable.emplace(device, b.kind == cuda::MemoryKind::device && b.legacy_ipc)
-               .first;
+      it = copies_exportable.emplace(device, cuda::exportable(b)).first;
     }
     return it->second;
   }
@@ -200,6 +205,8 @@ class Importer {
   std::condition_variable changed;  // an entry finished opening or closing
   std::condition_variable work;     // the closer has something to do
   ImportCache cache;
+  cuda::SpanImports spans{cuda::device_vmm()};
+  std::set<ImportCache::EntryId> span_entries;  // entries that are spans passed by fd
   std::map<EventKey, OpenedEvent> events;
   bool closer_running = false;
   // How long a mapping with no views stays open for the next tensor of its allocation.
@@ -232,11 +239,15 @@ class Importer {
       }
       ImportCache::Work w = cache.take_work(Clock::now(), linger);
       if (w.empty()) continue;
+      std::vector<bool> is_span;
+      for (const auto& c : w.close) is_span.push_back(span_entries.erase(c.id) > 0);
       lock.unlock();
       std::map<int, bool> synced;
       const steps::Timed step("closer: close mappings, release leases");
-      for (const auto& c : w.close) {
-        cuda::Status s = cuda::close_mem_handle(c.device, c.local);
+      for (std::size_t i = 0; i < w.close.size(); ++i) {
+        const auto& c = w.close[i];
+        cuda::Status s =
+            is_span[i] ? close_span(c.device, c.local) : cuda::close_mem_handle(c.device, c.local);
         synced[c.device] = true;
         if (s.ok()) {
           bump(counters().cuda_handles_closed);
@@ -257,6 +268,14 @@ class Importer {
       for (const auto& c : w.close) cache.closed(c.id);
       changed.notify_all();
     }
+  }
+
+  // Like close_mem_handle: waits for the device's work (which may still read the span), then
+  // unmaps it.
+  cuda::Status close_span(int device, void* local) {
+    cuda::Status s = cuda::synchronize_device(device);
+    if (!s.ok()) return s;
+    return spans.unmap(reinterpret_cast<std::uint64_t>(local));
   }
 
   void check_owners_locked() {
@@ -404,10 +423,6 @@ at::Tensor copy_on_device(const at::Tensor& t) {
 
 namespace {
 
-bool exportable(const cuda::BlockInfo& b) {
-  return b.kind == cuda::MemoryKind::device && b.legacy_ipc;
-}
-
 // What decide() needs to know to send `t` to `to`. The caller holds s.mu, so the room found in
 // the ledger is still there when the lease is taken.
 cuda::SendFacts gather_facts_locked(Sender& s, const at::Tensor& t, const ReceiverHint& to,
@@ -434,17 +449,23 @@ cuda::SendFacts gather_facts_locked(Sender& s, const at::Tensor& t, const Receiv
   return f;
 }
 
-// The record of `shared` (the tensor, or its copy on the device) in `block`, exported by handle,
-// with a lease that holds its storage and an event that marks its last write. The caller holds
-// s.mu and found a lease slot free.
-CudaOutgoing send_by_handle_locked(Sender& s, const at::Tensor& shared,
-                                   const cuda::BlockInfo& block) {
-  const steps::Timed step("send: by handle (record, lease, event)");
+// The record of `shared` (the tensor, or its copy on the device) in `block`, exported by handle
+// (or, given `span`, by its chunks' fds), with a lease that holds its storage and an event that
+// marks its last write. The caller holds s.mu and found a lease slot free.
+CudaOutgoing send_exported_locked(Sender& s, const at::Tensor& shared, const cuda::BlockInfo& block,
+                                  const cuda::Span* span) {
+  const steps::Timed step("send: exported (record, lease, event)");
   const int device = shared.device().index();
   Ledger& ledger = s.ledger_locked();
+  std::shared_ptr<cuda::SpanExport> exported;
+  if (span != nullptr) {
+    const std::uint64_t before = s.spans.fds_exported();
+    exported = s.spans.get(*span);
+    bump(counters().cuda_handles_exported, s.spans.fds_exported() - before);
+  }
   CudaOutgoing out{
       wire::make_record(), &ledger,
-      ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage(), block})),
+      ledger.acquire(std::make_shared<SentStorage>(SentStorage{shared.storage(), block, exported})),
       std::nullopt};
   try {
     wire::Record& r = out.record;
@@ -458,20 +479,24 @@ CudaOutgoing send_by_handle_locked(Sender& s, const at::Tensor& shared,
     const cuda::ProcessIdentity& me = cuda::this_process();
     r.owner_pid_ns = me.pid_ns;
     std::memcpy(r.owner_boot_id, me.boot_id.data(), me.boot_id.size());
-    r.segment_seq = 0;
-    r.segment_size = block.size;
-    r.block_offset = reinterpret_cast<std::uintptr_t>(shared.storage().data()) - block.base;
-    r.cuda_base = block.base;
-    r.cuda_buffer_id = block.buffer_id;
-    const cuda::IpcHandle* h = s.handles.find(block);
-    if (h == nullptr) {
-      cuda::IpcHandle fresh{};
-      check(cuda::get_mem_handle(device, block.base, &fresh), "exporting a CUDA allocation");
-      s.handles.put(block, fresh);
-      h = s.handles.find(block);
-      bump(counters().cuda_handles_exported);
+    if (exported) {
+      describe_span(r, *exported, shared);
+    } else {
+      r.segment_seq = 0;
+      r.segment_size = block.size;
+      r.block_offset = reinterpret_cast<std::uintptr_t>(shared.storage().data()) - block.base;
+      r.cuda_base = block.base;
+      r.cuda_buffer_id = block.buffer_id;
+      const cuda::IpcHandle* h = s.handles.find(block);
+      if (h == nullptr) {
+        cuda::IpcHandle fresh{};
+        check(cuda::get_mem_handle(device, block.base, &fresh), "exporting a CUDA allocation");
+        s.handles.put(block, fresh);
+        h = s.handles.find(block);
+        bump(counters().cuda_handles_exported);
+      }
+      std::memcpy(r.mem_handle, h->data(), h->size());
     }
-    std::memcpy(r.mem_handle, h->data(), h->size());
     r.lease_slot = out.lease.slot;
     r.lease_gen = out.lease.gen;
 
@@ -508,6 +533,16 @@ CudaOutgoing send_by_handle_locked(Sender& s, const at::Tensor& shared,
     throw;
   }
   return out;
+}
+
+// `shared` exported as it is: a cudaMalloc block by handle, a span by fds; nullopt where its
+// span cannot be passed by fd after all.
+std::optional<CudaOutgoing> send_zero_copy_locked(Sender& s, const at::Tensor& shared,
+                                                  const cuda::BlockInfo& block) {
+  if (block.kind != cuda::MemoryKind::vmm) return send_exported_locked(s, shared, block, nullptr);
+  std::optional<cuda::Span> span = span_of(shared);
+  if (!span) return std::nullopt;
+  return send_exported_locked(s, shared, block, &*span);
 }
 
 // `t` through the CPU transport: one device-to-host copy straight into an arena block. A dense
@@ -550,21 +585,29 @@ CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
   cuda::Decision d = cuda::decide(facts);
 
   std::optional<CudaOutgoing> out;
+  if (d.route == cuda::Route::zero_copy) {
+    out = send_zero_copy_locked(s, t, facts.block);
+    if (!out) {
+      // Its chunks cannot travel by fd after all (span_of says why): copy it like memory that
+      // no fd exports.
+      facts.block.fd_exportable = false;
+      d = cuda::decide(facts);
+    }
+  }
   if (d.route == cuda::Route::device_copy) {
     at::Tensor copy = copy_on_device(t);
     cuda::BlockInfo block;
     check(cuda::block_of(copy.storage().data(), &block), "locating a copy's allocation");
-    if (exportable(block)) {
-      out = send_by_handle_locked(s, copy, block);
-    } else {
+    if (cuda::exportable(block)) out = send_zero_copy_locked(s, copy, block);
+    if (!cuda::exportable(block)) {
       // LibTorch's allocator settings changed since this device was probed (they can, at run
       // time): its copies cannot be exported after all. Learn it, and decide again.
       s.copies_exportable[device] = false;
       facts.copies_exportable = false;
       d = cuda::decide(facts);
+    } else if (!out) {
+      d.route = cuda::Route::host_copy;  // this copy's span is too large to pass by fd
     }
-  } else if (d.route == cuda::Route::zero_copy) {
-    out = send_by_handle_locked(s, t, facts.block);
   }
   if (!out) {
     const bool to_device = d.route == cuda::Route::host_copy;
@@ -657,7 +700,9 @@ at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, p
     if (b.base != r.cuda_base) {
       throw Error(Errc::bad_record, "cuda_base does not start an allocation of this process");
     }
-    if (std::string e = wire::validate_location(r, b.size); !e.empty()) {
+    // A span passed by fd is this process's own chunks, contiguous from cuda_base.
+    const std::size_t mapped = (r.flags & wire::kFlagByFd) ? r.segment_size : b.size;
+    if (std::string e = wire::validate_location(r, mapped); !e.empty()) {
       throw Error(Errc::bad_record, e);
     }
     void* data = reinterpret_cast<std::byte*>(r.cuda_base) + r.block_offset;
@@ -709,7 +754,23 @@ at::Tensor decode_cuda(const wire::Record& r, std::shared_ptr<Segment> ledger, p
     }
   }
   void* local = look.local;
-  if (look.action == ImportCache::Lookup::open) {
+  if (look.action == ImportCache::Lookup::open && (r.flags & wire::kFlagByFd)) {
+    lock.unlock();
+    std::uint64_t va = 0;
+    try {
+      va = open_span(im.spans, r, key.owner, device);
+    } catch (...) {
+      lock.lock();
+      im.cache.open_failed(look.id);
+      im.changed.notify_all();
+      throw;
+    }
+    lock.lock();
+    local = reinterpret_cast<void*>(va);
+    im.cache.opened(look.id, device, local);
+    im.span_entries.insert(look.id);
+    im.changed.notify_all();
+  } else if (look.action == ImportCache::Lookup::open) {
     lock.unlock();
     cuda::IpcHandle handle{};
     std::memcpy(handle.data(), r.mem_handle, handle.size());

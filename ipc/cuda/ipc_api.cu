@@ -4,67 +4,24 @@
 #include <cstring>
 #include <mutex>
 
+#include "ipc/cuda/driver.hpp"
 #include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/ipc_api.hpp"
-#include "ipc/step_times.hpp"
+#include "ipc/cuda/vmm_api.hpp"
 
 namespace ferry::cuda {
 namespace {
 
-Status fail(const char* call, cudaError_t err) {
-  if (err == cudaSuccess) return {};
-  // Clear the sticky "last error" so one failed open does not show up in the next unrelated call.
-  (void)cudaGetLastError();
-  return {static_cast<int>(err),
-          std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")"};
-}
-
-Status fail_driver(const char* call, CUresult r) {
-  if (r == CUDA_SUCCESS) return {};
-  return {static_cast<int>(cudaErrorUnknown),
-          std::string(call) + " failed with CUresult " + std::to_string(static_cast<int>(r))};
-}
-
-// Calls `f`, timed as step `name` (ferry-cuda-bench --breakdown; free while the tally is off).
-template <class F>
-auto timed(const char* name, F f) {
-  const steps::Timed t(name);
-  return f();
-}
+using driver::fail;
+using driver::on_device;
+using driver::timed;
 
 using PointerGetAttributesFn = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
 
-// The driver's entry point, looked up once through the runtime; null without a driver.
 PointerGetAttributesFn pointer_get_attributes() {
-  static PointerGetAttributesFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PointerGetAttributesFn>(nullptr);
-    }
-    return reinterpret_cast<PointerGetAttributesFn>(p);
-  }();
+  static const auto fn =
+      reinterpret_cast<PointerGetAttributesFn>(driver::entry("cuPointerGetAttributes"));
   return fn;
-}
-
-// Runs `f` with `device` current, restoring the caller's device after.
-template <class F>
-Status on_device(int device, F f) {
-  int previous = 0;
-  if (cudaError_t e = timed("cudaGetDevice", [&] { return cudaGetDevice(&previous); });
-      e != cudaSuccess)
-    return fail("cudaGetDevice", e);
-  if (previous != device) {
-    if (cudaError_t e = timed("cudaSetDevice", [&] { return cudaSetDevice(device); });
-        e != cudaSuccess)
-      return fail("cudaSetDevice", e);
-  }
-  Status s = f();
-  if (previous != device) (void)timed("cudaSetDevice", [&] { return cudaSetDevice(previous); });
-  return s;
 }
 
 }  // namespace
@@ -106,7 +63,7 @@ Status block_of(const void* ptr, BlockInfo* out) noexcept {
   CUresult r = timed("cuPointerGetAttributes", [&] {
     return get(sizeof attrs / sizeof attrs[0], attrs, values, reinterpret_cast<CUdeviceptr>(ptr));
   });
-  if (r != CUDA_SUCCESS) return fail_driver("cuPointerGetAttributes", r);
+  if (r != CUDA_SUCCESS) return fail("cuPointerGetAttributes", r);
   out->device = ordinal;
   out->base = static_cast<std::uintptr_t>(start);
   out->size = size;
@@ -122,6 +79,8 @@ Status block_of(const void* ptr, BlockInfo* out) noexcept {
     out->kind = MemoryKind::pool;
   } else if (!legacy) {
     out->kind = MemoryKind::vmm;
+    Chunk c;
+    out->fd_exportable = device_vmm().chunk_at(out->base, &c).ok() && c.fd_exportable;
   } else {
     out->kind = MemoryKind::device;
   }

@@ -30,6 +30,7 @@ const char* memory_kind_name(MemoryKind k) noexcept;
 struct BlockInfo {
   MemoryKind kind = MemoryKind::unknown;
   bool legacy_ipc = false;      // cudaIpcGetMemHandle works on it
+  bool fd_exportable = false;   // vmm memory made for export by file descriptor (vmm_api.hpp)
   int device = -1;              // ordinal in this process
   std::uintptr_t base = 0;      // start of the allocation
   std::size_t size = 0;         // its length in bytes

@@ -11,13 +11,18 @@ const char* memory_kind_name(MemoryKind k) noexcept {
     case MemoryKind::pool:
       return "stream-ordered pool";
     case MemoryKind::vmm:
-      return "virtual memory mapping without legacy IPC";
+      return "virtual memory mapping (cuMemMap)";
     case MemoryKind::host:
       return "pinned host";
     case MemoryKind::unknown:
       break;
   }
   return "unknown";
+}
+
+bool exportable(const BlockInfo& b) noexcept {
+  return (b.kind == MemoryKind::device && b.legacy_ipc) ||
+         (b.kind == MemoryKind::vmm && b.fd_exportable);
 }
 
 Decision decide(const SendFacts& f) noexcept {
@@ -34,7 +39,7 @@ Decision decide(const SendFacts& f) noexcept {
     why = CopyReason::received;
   } else if (to.known && to.same_process) {
     why = CopyReason::same_process;
-  } else if (f.block.kind != MemoryKind::device || !f.block.legacy_ipc) {
+  } else if (!exportable(f.block)) {
     why = CopyReason::not_exportable;
   }
   if (!why) return {Route::zero_copy, std::nullopt};

@@ -1,6 +1,8 @@
 // Whether a CUDA tensor may be sent zero-copy, or must be copied first and why (design
-// invariant 5). Plain code with no CUDA calls: the facts are gathered by the caller, so every
-// rule is unit-tested on machines without a GPU.
+// invariant 5). Memory travels zero-copy when it is a cudaMalloc block (legacy IPC handle) or
+// virtual-memory chunks made for export by file descriptor (LibTorch's expandable segments). Plain
+// code with no CUDA calls: the facts are gathered by the caller, so every rule is unit-tested on
+// machines without a GPU.
 #pragma once
 
 #include <optional>
@@ -28,15 +30,15 @@ struct SendFacts {
   bool received = false;        // the tensor was itself received from a peer
   BlockInfo block;              // what the driver says about its memory (unset when empty)
   bool ledger_has_room = true;  // a CUDA lease slot is free (or one ended and can be reclaimed)
-  // A fresh block from LibTorch's allocator on the tensor's device can be exported, so a copy
-  // on the device can travel by handle (not so with expandable segments).
+  // A fresh block from LibTorch's allocator on the tensor's device can be exported (by handle,
+  // or by fd where expandable segments made it), so a copy on the device can travel that way.
   bool copies_exportable = true;
   Receiver receiver;
 };
 
 // How the tensor travels.
 enum class Route : std::uint8_t {
-  zero_copy,    // its own block, exported
+  zero_copy,    // its own memory, exported: a cudaMalloc block by handle, a span by fds
   device_copy,  // a fresh exportable block on the same device, exported
   host_copy,    // through the CPU transport (shared memory), back to the device on arrival
   host_only,    // through the CPU transport, arriving as a CPU tensor (CPU-only receiver)
@@ -53,6 +55,9 @@ struct Decision {
 // received, same-process and unexportable memory are copied on the device, or through the CPU
 // transport where the device's fresh blocks cannot be exported either.
 Decision decide(const SendFacts& f) noexcept;
+
+// Whether memory like `b` can be exported at all: by legacy handle or by fd.
+bool exportable(const BlockInfo& b) noexcept;
 
 // "device", "managed", ... for messages.
 const char* memory_kind_name(MemoryKind k) noexcept;

@@ -101,12 +101,31 @@ TEST_CASE("send policy: same_process: the receiver is the sender itself") {
   check_copy(f, Route::device_copy, CopyReason::same_process);
 }
 
-TEST_CASE("send policy: not_exportable: memory legacy IPC cannot export is copied on the device") {
+TEST_CASE("send policy: VMM memory made for export by fd (expandable segments) goes zero-copy") {
+  SendFacts f = to_gpu_peer();
+  f.block.kind = MemoryKind::vmm;
+  f.block.legacy_ipc = false;
+  f.block.fd_exportable = true;
+  CHECK(decide(f).route == Route::zero_copy);
+  CHECK_FALSE(decide(f).reason);
+  // The other rules hold for it as for a cudaMalloc block.
+  f.received = true;
+  check_copy(f, Route::device_copy, CopyReason::received);
+  f.received = false;
+  f.copies_exportable = false;
+  f.detached = true;
+  check_copy(f, Route::host_copy, CopyReason::detached);
+}
+
+TEST_CASE("send policy: not_exportable: memory neither a handle nor an fd exports is copied") {
   for (MemoryKind k : {MemoryKind::managed, MemoryKind::pool, MemoryKind::vmm, MemoryKind::host,
                        MemoryKind::unknown}) {
     SendFacts f = to_gpu_peer();
     f.block.kind = k;
     INFO(memory_kind_name(k));
+    check_copy(f, Route::device_copy, CopyReason::not_exportable);
+    f.block.fd_exportable = true;  // only VMM memory is exported by fd
+    if (k == MemoryKind::vmm) f.block.fd_exportable = false;
     check_copy(f, Route::device_copy, CopyReason::not_exportable);
   }
   SendFacts f = to_gpu_peer();
@@ -115,8 +134,8 @@ TEST_CASE("send policy: not_exportable: memory legacy IPC cannot export is copie
 }
 
 TEST_CASE("send policy: where the device's copies cannot be exported, copies go by host staging") {
-  // Expandable segments: LibTorch's fresh blocks are VMM memory, so the reason stays and the
-  // route changes.
+  // LibTorch's fresh blocks are VMM memory that no fd exports (fabric handles, say): the reason
+  // stays and the route changes.
   SendFacts f = to_gpu_peer();
   f.copies_exportable = false;
   CHECK(decide(f).route == Route::zero_copy);  // nothing to copy: the block itself is exportable

@@ -348,6 +348,19 @@ TEST_CASE("cuda records: the CUDA section is checked, and must be zero elsewhere
     r.event_reserved = 1;
     CHECK(validate(r) == "event_reserved is 1");
   }
+  SECTION("passed by fd: the segment number names a bundle, and no IPC handle is set") {
+    r.flags = kFlagByFd;
+    r.segment_seq = 0x80000002u;
+    CHECK(validate(r) == "");
+    r.segment_seq = 4;
+    CHECK_THAT(validate(r), Contains("expected a bundle"));
+    r.segment_seq = 0x80000002u;
+    r.mem_handle[0] = 1;
+    CHECK(validate(r) == "mem_handle is set on a cuda record passed by fd");
+    Record c = matrix();
+    c.flags = kFlagByFd;
+    CHECK_THAT(validate(c), Contains("pass a cpu record by fd"));
+  }
   SECTION("a cpu record with any CUDA byte set") {
     Record c = matrix();
     c.mem_handle[63] = 1;
