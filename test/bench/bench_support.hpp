@@ -53,6 +53,14 @@ inline std::int64_t monotonic_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+// Now, in UTC, as ISO 8601 to the second: when a report's run began.
+inline std::string utc_now() {
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return when;
+}
+
 [[noreturn]] inline void fail_errno(const std::string& what) {
   throw std::runtime_error(what + ": " + std::strerror(errno));
 }

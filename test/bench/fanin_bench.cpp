@@ -40,14 +40,15 @@
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
+#include "test/bench/bench_report.hpp"
 #include "test/bench/bench_support.hpp"
+#include "test/bench/bench_tensors.hpp"
 
 namespace {
 
 using namespace ferry::bench;
 using ferry::Tensors;
 
-constexpr std::size_t kPage = 4096;
 constexpr std::uint32_t kCapacity = 8;  // queue depth, torch's included
 // More tensors than one producer can have in flight (the queue's capacity plus the one the
 // consumer holds), so a pool tensor is never rewritten while the consumer may still read it.
@@ -79,9 +80,7 @@ struct Config {
   int messages = 0;  // per producer; 0: kBudget (kQuickBudget) shared among the producers
   bool quick = false;
   double time_cap_s = 2.0;
-  std::string python = "/usr/bin/python3";
-  std::string peer_script;
-  bool torch = true;
+  TorchPeer torch;
   std::string json_path;
 };
 
@@ -106,9 +105,6 @@ double rusage_self_s() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Processes and the pipes that pace them.
-
-// ---------------------------------------------------------------------------------------------
 // The message: one float32 tensor whose first 24 bytes are a header and whose last element
 // repeats the sequence number, so a view of stale or foreign data fails the checks.
 
@@ -121,10 +117,6 @@ struct Header {
 };
 constexpr std::size_t kMinSize = sizeof(Header) + sizeof(float);
 
-float* floats(const at::Tensor& t) {
-  return static_cast<float*>(t.data_ptr());
-}
-
 void write_message(const at::Tensor& t, Kind kind, int producer, std::uint64_t seq) {
   floats(t)[t.numel() - 1] = static_cast<float>(seq % kStampModulo);
   Header h{
@@ -133,20 +125,6 @@ void write_message(const at::Tensor& t, Kind kind, int producer, std::uint64_t s
   // Stamped last, so the latency starts as close to send() as the producer can make it.
   h.sent_ns = monotonic_ns();
   std::memcpy(t.data_ptr(), &h, sizeof h);
-}
-
-// One load per 4 KiB page: every page of the message is mapped into the consumer and read, which
-// a transport that defers work (lazy mapping, copy on read) cannot skip.
-float touch_pages(const at::Tensor& t) {
-  const auto* base = static_cast<const unsigned char*>(t.data_ptr());
-  const std::size_t bytes = t.nbytes();
-  float sum = 0;
-  for (std::size_t off = 0; off < bytes; off += kPage) {
-    float v;
-    std::memcpy(&v, base + off, sizeof v);
-    sum += v;
-  }
-  return sum;
 }
 
 // What the consumer knows of each producer's stream, and the checks every message passes.
@@ -378,11 +356,11 @@ json to_json(const Figures& f) {
 
 // {"status": "ok", ...peer output} or {"status": "skipped"|"failed", "reason": ...}.
 json run_torch_peer(const Config& cfg, const std::vector<Point>& points) {
-  if (!cfg.torch) return {{"status", "skipped"}, {"reason", "--no-torch"}};
+  if (cfg.torch.skip) return {{"status", "skipped"}, {"reason", "--no-torch"}};
   std::vector<int> messages;
   for (const Point& p : points) messages.push_back(p.messages_per_producer);
   // The peer runs the points in the same order: sizes outer, producer counts inner.
-  json peer = run_python_peer(cfg.python, cfg.peer_script,
+  json peer = run_python_peer(cfg.torch.python, cfg.torch.script,
                               "--producers " + join(cfg.producers) + " --sizes " + join(cfg.sizes) +
                                   " --messages " + join(messages) + " --time-cap " +
                                   fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : ""));
@@ -405,15 +383,11 @@ json run_torch_peer(const Config& cfg, const std::vector<Point>& points) {
 // Report.
 
 std::string cell_rate(const json& e, const char* impl) {
-  if (!e.contains(impl)) return "-";
-  return num(e[impl]["messages_per_s"].get<double>()) + " (" +
-         num(e[impl]["gb_per_s"].get<double>()) + ")";
+  return e.contains(impl) ? rate_cell(e[impl]) : "-";
 }
 
 std::string cell_latency(const json& e, const char* impl) {
-  if (!e.contains(impl)) return "-";
-  const json& l = e[impl]["latency_us"];
-  return num(l["p50"].get<double>()) + " / " + num(l["p99"].get<double>());
+  return e.contains(impl) ? latency_cell(e[impl]["latency_us"]) : "-";
 }
 
 std::string cell_cpu(const json& e, const char* impl) {
@@ -423,22 +397,7 @@ std::string cell_cpu(const json& e, const char* impl) {
 }
 
 void print_report(const json& report) {
-  const json& m = report["machine"];
-  std::printf("\nferry-fanin-bench on %s, %d cores, %s%s\n",
-              m["cpu_model"].get<std::string>().c_str(), m["cores"].get<int>(),
-              m["kernel"].get<std::string>().c_str(),
-              m["virtual_machine"].get<bool>() ? " (virtual machine)" : "");
-  const json& a = report["machine_activity"];
-  std::printf(
-      "run: %.0f s wall, %.0f CPU-s by the benchmark, %.1f CPU-s by other processes, "
-      "%.1f s stolen by the hypervisor\n",
-      a["wall_s"].get<double>(), a["bench_cpu_s"].get<double>(), a["other_cpu_s"].get<double>(),
-      a["steal_s"].get<double>());
-  const json& torch = report["torch"];
-  if (torch["status"] != "ok") {
-    std::printf("%s: torch.multiprocessing side: %s\n", torch["status"].get<std::string>().c_str(),
-                torch["reason"].get<std::string>().c_str());
-  }
+  print_report_head("ferry-fanin-bench", report, "side");
 
   std::printf(
       "\nP producers -> one consumer through one queue of capacity %u; messages/s (GB/s) into the "
@@ -476,15 +435,7 @@ int run(const Config& cfg) {
     for (int p : cfg.producers) points.push_back({p, s, messages_per_producer(cfg, p)});
   }
 
-  json report;
-  report["tool"] = "ferry-fanin-bench";
-  {
-    char when[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    report["date"] = when;
-  }
-  report["machine"] = machine_info("none used (CPU tensors only)");
+  json report = open_report("ferry-fanin-bench", "none used (CPU tensors only)");
   const CpuSample cpu_start = sample_cpu();
   report["config"] = {
       {"quick", cfg.quick},
@@ -525,7 +476,7 @@ int run(const Config& cfg) {
   }
 
   bool ok = true;
-  std::fprintf(stderr, "ferry-fanin-bench: torch.multiprocessing (%s)\n", cfg.python.c_str());
+  std::fprintf(stderr, "ferry-fanin-bench: torch.multiprocessing (%s)\n", cfg.torch.python.c_str());
   json torch = run_torch_peer(cfg, points);
   if (torch["status"] == "ok") {
     for (std::size_t k = 0; k < results.size(); ++k) {
@@ -535,23 +486,15 @@ int run(const Config& cfg) {
       results[k]["torch"] = t;
     }
     torch.erase("results");
-  } else {
-    std::fprintf(stderr, "ferry-fanin-bench: torch.multiprocessing side %s: %s\n",
-                 torch["status"].get<std::string>().c_str(),
-                 torch["reason"].get<std::string>().c_str());
-    if (torch["status"] == "failed") ok = false;
+  } else if (!explain_missing_peer("ferry-fanin-bench", "side", torch)) {
+    ok = false;
   }
   report["results"] = results;
   report["torch"] = torch;
   report["machine_activity"] = activity(cpu_start, sample_cpu());
 
   print_report(report);
-  if (!cfg.json_path.empty()) {
-    std::ofstream out(cfg.json_path);
-    out << report.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + cfg.json_path);
-    std::printf("\nwrote %s\n", cfg.json_path.c_str());
-  }
+  write_report(report, cfg.json_path);
   return ok ? 0 : 1;
 }
 
@@ -565,7 +508,6 @@ int main(int argc, char** argv) {
   std::vector<std::string> producers = {"1", "2", "4", "8"};
   std::vector<std::string> sizes = {"4KiB", "1MiB"};
   double time_cap = 0;
-  bool no_torch = false;
   app.add_option("--json", cfg.json_path, "write every number to this JSON file");
   app.add_option("--producers", producers, "producer counts, e.g. 1,2,4,8 (the default)")
       ->delimiter(',');
@@ -578,11 +520,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", cfg.quick, "few messages and a short time cap (smoke test)");
   app.add_option("--time-cap", time_cap,
                  "seconds after which producers stop early (default 2, --quick 0.25)");
-  app.add_option("--python", cfg.python,
-                 "interpreter with torch for the torch.multiprocessing side "
-                 "(default /usr/bin/python3)");
-  app.add_option("--torch-peer", cfg.peer_script, "path of fanin_peer.py");
-  app.add_flag("--no-torch", no_torch, "skip the torch.multiprocessing side");
+  add_torch_peer_options(app, cfg.torch, "side", "fanin_peer.py");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -619,9 +557,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.time_cap_s = time_cap > 0 ? time_cap : cfg.quick ? 0.25 : 2.0;
-  cfg.torch = !no_torch;
-  if (cfg.peer_script.empty())
-    cfg.peer_script = peer_script("fanin_peer.py", FERRY_FANIN_PEER_SOURCE);
+  if (cfg.torch.script.empty())
+    cfg.torch.script = peer_script("fanin_peer.py", FERRY_FANIN_PEER_SOURCE);
 
   try {
     return run(cfg);

@@ -38,7 +38,9 @@
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
+#include "test/bench/bench_report.hpp"
 #include "test/bench/bench_support.hpp"
+#include "test/bench/bench_tensors.hpp"
 
 namespace {
 
@@ -46,7 +48,6 @@ using namespace ferry::bench;
 using ferry::Tensors;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr std::size_t kPage = 4096;
 constexpr std::uint32_t kCapacity = 8;  // queue depth for every transport, torch's included
 // Generous: a wait this long means a peer is stuck, and the run should fail rather than hang.
 constexpr std::chrono::milliseconds kTimeout{60'000};
@@ -61,9 +62,7 @@ struct Config {
   int iterations = 2000;
   bool quick = false;
   double time_cap_s = 3.0;
-  std::string python = "/usr/bin/python3";
-  std::string peer_script;
-  bool torch = true;
+  TorchPeer torch;
   std::string json_path;
 };
 
@@ -111,28 +110,7 @@ double process_cpu_s() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Processes and the pipes that pace them.
-
-// ---------------------------------------------------------------------------------------------
 // What producers write and consumers read.
-
-float* floats(const at::Tensor& t) {
-  return static_cast<float*>(t.data_ptr());
-}
-
-// One load per 4 KiB page: every page of the message is mapped into the consumer and read, which
-// a transport that defers work (lazy mapping, copy on read) cannot skip.
-float touch_pages(const at::Tensor& t) {
-  const auto* base = static_cast<const unsigned char*>(t.data_ptr());
-  const std::size_t bytes = t.nbytes();
-  float sum = 0;
-  for (std::size_t off = 0; off < bytes; off += kPage) {
-    float v;
-    std::memcpy(&v, base + off, sizeof v);
-    sum += v;
-  }
-  return sum;
-}
 
 // Round trips carry a stamp at both ends of the tensor, checked on arrival: the answer is the
 // data of this iteration, not a stale view.
@@ -540,13 +518,13 @@ json measure_receipt(const Config& cfg) {
 // The torch.multiprocessing baseline, run as a subprocess by the system interpreter.
 
 json run_torch_peer(const Config& cfg, const std::vector<Plan>& plans) {
-  if (!cfg.torch) return {{"status", "skipped"}, {"reason", "--no-torch"}};
+  if (cfg.torch.skip) return {{"status", "skipped"}, {"reason", "--no-torch"}};
   std::vector<int> round_trips, messages;
   for (const Plan& p : plans) {
     round_trips.push_back(p.round_trips);
     messages.push_back(p.messages);
   }
-  return run_python_peer(cfg.python, cfg.peer_script,
+  return run_python_peer(cfg.torch.python, cfg.torch.script,
                          "--sizes " + join(cfg.sizes) + " --round-trips " + join(round_trips) +
                              " --messages " + join(messages) + " --time-cap " +
                              fmt("%g", cfg.time_cap_s) + (cfg.quick ? " --quick" : ""));
@@ -563,34 +541,15 @@ struct Target {
 };
 
 std::string cell_latency(const json& entry, const char* transport) {
-  if (!entry.contains(transport)) return "-";
-  const json& l = entry[transport]["round_trip_us"];
-  return num(l["p50"].get<double>()) + " / " + num(l["p99"].get<double>());
+  return entry.contains(transport) ? latency_cell(entry[transport]["round_trip_us"]) : "-";
 }
 
 std::string cell_throughput(const json& entry, const char* transport) {
-  if (!entry.contains(transport)) return "-";
-  const json& t = entry[transport]["throughput"];
-  return num(t["messages_per_s"].get<double>()) + " (" + num(t["gb_per_s"].get<double>()) + ")";
+  return entry.contains(transport) ? rate_cell(entry[transport]["throughput"]) : "-";
 }
 
 void print_report(const json& report, const std::vector<Target>& targets) {
-  const json& m = report["machine"];
-  std::printf("\nferry-bench on %s, %d cores, %s%s\n", m["cpu_model"].get<std::string>().c_str(),
-              m["cores"].get<int>(), m["kernel"].get<std::string>().c_str(),
-              m["virtual_machine"].get<bool>() ? " (virtual machine)" : "");
-  const json& a = report["machine_activity"];
-  std::printf(
-      "run: %.0f s wall, %.0f CPU-s by the benchmark, %.1f CPU-s by other processes, "
-      "%.1f s stolen by the hypervisor\n",
-      a["wall_s"].get<double>(), a["bench_cpu_s"].get<double>(), a["other_cpu_s"].get<double>(),
-      a["steal_s"].get<double>());
-  const json& torch = report["torch"];
-  if (torch["status"] != "ok") {
-    std::printf("%s: torch.multiprocessing baseline: %s\n",
-                torch["status"].get<std::string>().c_str(),
-                torch["reason"].get<std::string>().c_str());
-  }
+  print_report_head("ferry-bench", report, "baseline");
 
   const char* transports[] = {"ferry_zero_copy", "ferry_copy", "torch_shared", "torch_fresh"};
   const std::size_t w0 = 8, w = 19;
@@ -727,15 +686,7 @@ int run(const Config& cfg) {
   std::vector<Plan> plans;
   for (std::size_t s : cfg.sizes) plans.push_back(plan(s, cfg.iterations, cfg.quick));
 
-  json report;
-  report["tool"] = "ferry-bench";
-  {
-    char when[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    report["date"] = when;
-  }
-  report["machine"] = machine_info("none used (CPU transports only)");
+  json report = open_report("ferry-bench", "none used (CPU transports only)");
   // Other work on the machine shifts every number: the CPU time others used during the run says
   // whether it was quiet.
   const CpuSample cpu_start = sample_cpu();
@@ -804,7 +755,8 @@ int run(const Config& cfg) {
   report["copy_on_receipt"] = measure_receipt(cfg);
   if (report["copy_on_receipt"]["status"] != "ok") ok = false;
 
-  std::fprintf(stderr, "ferry-bench: torch.multiprocessing baseline (%s)\n", cfg.python.c_str());
+  std::fprintf(stderr, "ferry-bench: torch.multiprocessing baseline (%s)\n",
+               cfg.torch.python.c_str());
   json torch = run_torch_peer(cfg, plans);
   if (torch["status"] == "ok") {
     for (std::size_t k = 0; k < results.size(); ++k) {
@@ -816,11 +768,8 @@ int run(const Config& cfg) {
       results[k]["torch_fresh"] = peer["torch_fresh"];
     }
     torch.erase("results");
-  } else {
-    std::fprintf(stderr, "ferry-bench: torch.multiprocessing baseline %s: %s\n",
-                 torch["status"].get<std::string>().c_str(),
-                 torch["reason"].get<std::string>().c_str());
-    if (torch["status"] == "failed") ok = false;
+  } else if (!explain_missing_peer("ferry-bench", "baseline", torch)) {
+    ok = false;
   }
   report["torch"] = torch;
   report["results"] = results;
@@ -840,12 +789,7 @@ int run(const Config& cfg) {
   report["machine_activity"] = activity(cpu_start, sample_cpu());
 
   print_report(report, targets);
-  if (!cfg.json_path.empty()) {
-    std::ofstream out(cfg.json_path);
-    out << report.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + cfg.json_path);
-    std::printf("\nwrote %s\n", cfg.json_path.c_str());
-  }
+  write_report(report, cfg.json_path);
   return ok ? 0 : 1;
 }
 
@@ -857,7 +801,6 @@ int main(int argc, char** argv) {
   std::vector<std::string> sizes = {"4KiB", "64KiB", "1MiB", "16MiB", "64MiB", "256MiB", "1GiB"};
   int iterations = 0;  // 0: the default for the mode
   double time_cap = 0;
-  bool no_torch = false;
   app.add_option("--json", cfg.json_path, "write every number to this JSON file");
   auto* sizes_option =
       app.add_option("--sizes", sizes,
@@ -869,11 +812,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", cfg.quick, "fewer iterations and a shorter time cap (smoke test)");
   app.add_option("--time-cap", time_cap,
                  "seconds after which a measurement stops early (default 3, --quick 0.5)");
-  app.add_option("--python", cfg.python,
-                 "interpreter with torch for the torch.multiprocessing "
-                 "baseline (default /usr/bin/python3)");
-  app.add_option("--torch-peer", cfg.peer_script, "path of torch_peer.py");
-  app.add_flag("--no-torch", no_torch, "skip the torch.multiprocessing baseline");
+  add_torch_peer_options(app, cfg.torch, "baseline", "torch_peer.py");
   bool receipt_probe_only = false;
   app.add_flag("--receipt-probe", receipt_probe_only,
                "internal: time copy on receipt with this process's setting, print JSON")
@@ -902,9 +841,8 @@ int main(int argc, char** argv) {
   }
   cfg.iterations = iterations > 0 ? iterations : cfg.quick ? 200 : 2000;
   cfg.time_cap_s = time_cap > 0 ? time_cap : cfg.quick ? 0.5 : 3.0;
-  cfg.torch = !no_torch;
-  if (cfg.peer_script.empty())
-    cfg.peer_script = peer_script("torch_peer.py", FERRY_BENCH_PEER_SOURCE);
+  if (cfg.torch.script.empty())
+    cfg.torch.script = peer_script("torch_peer.py", FERRY_BENCH_PEER_SOURCE);
   if (iterations < 0 || time_cap < 0) {
     std::fprintf(stderr, "ferry-bench: --iterations and --time-cap must be positive\n");
     return 2;

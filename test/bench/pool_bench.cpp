@@ -22,6 +22,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "runtime/ferry.hpp"
+#include "test/bench/bench_support.hpp"
 #include "workers/builtin_tasks.hpp"
 
 namespace {
@@ -44,21 +45,9 @@ struct Config {
   std::string json_path;
 };
 
-std::string utc_now() {
-  char when[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return when;
-}
-
 std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const auto colon = line.find(':');
-    if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-  }
-  return "unknown";
+  const std::string model = ferry::bench::read_first_match("/proc/cpuinfo", "model name");
+  return model.empty() ? "unknown" : model;
 }
 
 double median(std::vector<double> v) {
@@ -181,7 +170,7 @@ int main(int argc, char** argv) {
   try {
     json r;
     r["tool"] = "ferry-pool-bench";
-    r["date"] = utc_now();
+    r["date"] = ferry::bench::utc_now();
     r["cores"] = cores;
     r["machine"] = {{"cores", cores}, {"cpu_model", cpu_model()}};
     std::fprintf(stderr, "ferry-pool-bench: empty-task round trip\n");
