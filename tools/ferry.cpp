@@ -28,6 +28,7 @@
 #include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/visible_gpus.hpp"
 #include "ipc/log.hpp"
+#include "ipc/names.hpp"
 #include "ipc/shm_check.hpp"
 #include "ipc/units.hpp"
 #include "runtime/ferry.hpp"
@@ -387,9 +388,8 @@ int run(const RunArgs& a) {
   start_pool(pool, o);
   const std::vector<std::string> tasks = pool->tasks();
   if (std::find(tasks.begin(), tasks.end(), a.task) == tasks.end()) {
-    std::string list;
-    for (const auto& n : tasks) list += (list.empty() ? "" : ", ") + n;
-    throw BadInput("--task '" + a.task + "' is not a task of the workers (they have: " + list +
+    throw BadInput("--task '" + a.task +
+                   "' is not a task of the workers (they have: " + ferry::join_names(tasks) +
                    "); register it with FERRY_TASK in a worker and pass --worker");
   }
   // SIGINT and SIGTERM close the pool: in-flight tasks are cancelled, workers stopped and
