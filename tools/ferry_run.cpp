@@ -14,6 +14,7 @@
 #include "ipc/cuda/gate.hpp"
 #include "ipc/diag/shm_check.hpp"
 #include "ipc/log.hpp"
+#include "ipc/names.hpp"
 #include "tools/ferry_hosts.hpp"
 #include "tools/ferry_report.hpp"
 #include "tools/stop_signals.hpp"
@@ -75,9 +76,8 @@ class Batches {
 void require_task(const ferry::Pool& pool, const std::string& task) {
   const std::vector<std::string> tasks = pool.tasks();
   if (std::find(tasks.begin(), tasks.end(), task) == tasks.end()) {
-    std::string list;
-    for (const auto& n : tasks) list += (list.empty() ? "" : ", ") + n;
-    throw BadInput("--task '" + task + "' is not a task of the workers (they have: " + list +
+    throw BadInput("--task '" + task +
+                   "' is not a task of the workers (they have: " + join_names(tasks) +
                    "); register it with FERRY_TASK in a worker and pass --worker");
   }
 }

@@ -9,16 +9,11 @@
 #include "ipc/control_socket.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
+#include "ipc/names.hpp"
 #include "ipc/process.hpp"
 
 namespace ferry::supervisor {
 namespace {
-
-std::string join_names(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
-  return s.empty() ? "none" : s;
-}
 
 std::string who(int id, const std::string& device) {
   return "worker " + std::to_string(id) + " (" + device + ")";

@@ -1,0 +1,74 @@
+#include "runtime/supervisor/result_collector.hpp"
+
+#include "runtime/task_error.hpp"
+#include "runtime/worker_protocol.hpp"
+
+namespace ferry::supervisor {
+
+std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
+  protocol::ResultEnvelope env;
+  try {
+    if (message.empty()) throw Error(Errc::bad_record, "an empty result message");
+    env = protocol::unpack_result(message[0]);
+  } catch (const Error& e) {
+    return "it sent a malformed result (" + e.detail() + ")";
+  }
+  TaskPtr t;
+  pid_t pid = -1;
+  std::string device;
+  {
+    std::lock_guard<std::mutex> lock(board_.mu);
+    WorkerStats& ws = board_.slots[w]->stats;  // even a stale result was sent
+    ws.tensors_zero_copy += env.tensors_zero_copy;
+    ws.bytes_zero_copy += env.bytes_zero_copy;
+    ws.tensors_copied += env.tensors_copied;
+    ws.bytes_copied += env.bytes_copied;
+    t = board_.book.complete(w, env.task_id, env.attempt, env.ok, Clock::now());
+    pid = ws.pid;
+    device = ws.device;
+    if (t) board_.changed.notify_all();
+  }
+  if (!t) return std::nullopt;  // stale: that attempt had ended (cancelled, or timed out)
+  std::string text;
+  if (env.ok) {
+    message.erase(message.begin());
+  } else {
+    text = "(no message)";
+    try {
+      if (message.size() > 1) text = protocol::tensor_text(message[1]);
+    } catch (const Error& e) {
+      text = e.detail();
+    }
+  }
+  settle(*t, w, env.ok, std::move(message), text, device, pid);
+  return std::nullopt;
+}
+
+void ResultCollector::finished(int slot, std::uint64_t task, std::uint32_t attempt, bool ok,
+                               Tensors outputs, const std::string& error) {
+  TaskPtr t;
+  std::string device;
+  {
+    std::lock_guard<std::mutex> lock(board_.mu);
+    t = board_.book.complete(slot, task, attempt, ok, Clock::now());
+    device = board_.slots[slot]->stats.device;
+    if (t) board_.changed.notify_all();
+  }
+  if (!t) return;  // stale: that attempt had ended
+  settle(*t, slot, ok, std::move(outputs), error, device, -1);
+}
+
+void ResultCollector::settle(supervisor::Task& t, int w, bool ok, Tensors outputs,
+                             const std::string& error, const std::string& device, pid_t pid) {
+  if (ok) {
+    end_task(t, nullptr, std::move(outputs), w);
+  } else {
+    end_task(t,
+             std::make_exception_ptr(
+                 TaskError(Errc::task_failed, t.name, t.index, w, device, pid, error)),
+             {}, w);
+  }
+  dispatcher_.dispatch();
+}
+
+}  // namespace ferry::supervisor
