@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include "ipc/error.hpp"
 

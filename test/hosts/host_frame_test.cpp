@@ -4,7 +4,7 @@
 
 #include <cstring>
 #include <string>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include "ipc/error.hpp"
 #include "ipc/wire.hpp"

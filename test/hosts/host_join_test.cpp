@@ -6,7 +6,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include "ipc/error.hpp"
 #include "test/hosts/forked_host.hpp"

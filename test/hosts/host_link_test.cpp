@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include "ipc/error.hpp"
 #include "ipc/stats.hpp"

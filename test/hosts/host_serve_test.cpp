@@ -5,7 +5,7 @@
 #include "hosts/host_serve.hpp"
 
 #include <ATen/ATen.h>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include <chrono>
 #include <optional>

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../test_util.hpp"
+#include "../test_util.hpp"
 #include "hosts/head_hub.hpp"
 #include "runtime/pool.hpp"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
-#include "../catch.hpp"
+#include "../../catch.hpp"
 
 #include <algorithm>
 #include <ctime>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "../test_util.hpp"
+#include "../../test_util.hpp"
 #include "ipc/segment.hpp"
 
 namespace {

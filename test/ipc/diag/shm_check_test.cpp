@@ -8,7 +8,7 @@
 #include <sys/statvfs.h>
 
 #include <nlohmann/json.hpp>
-#include "../catch.hpp"
+#include "../../catch.hpp"
 
 #include <cerrno>
 #include <cstdlib>
@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "../test_util.hpp"
+#include "../../test_util.hpp"
 #include "ipc/error.hpp"
 #include "ipc/ledger.hpp"
 

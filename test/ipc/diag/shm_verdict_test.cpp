@@ -1,7 +1,7 @@
 // The verdict on one segment, case by case: facts in, state, reason and --force out.
 #include "ipc/diag/shm_verdict.hpp"
 
-#include "../catch.hpp"
+#include "../../catch.hpp"
 
 #include <string>
 
