@@ -34,7 +34,9 @@ std::shared_ptr<SpanExport> SpanExports::get(const Span& span) {
   for (const Chunk& c : span.chunks) {
     UniqueFd fd;
     if (Status s = ops_.export_fd(c, &fd); !s.ok()) {
-      throw Error(Errc::system, "exporting a CUDA allocation by file descriptor: " + s.error);
+      throw Error(Errc::system, "exporting a CUDA allocation by file descriptor: " + s.error +
+                                    ". Remedy: check the device and driver (ferry-shm check); "
+                                    "sending t.cpu() avoids CUDA IPC");
     }
     bundle->fds.push_back(std::move(fd));
   }

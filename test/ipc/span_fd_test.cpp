@@ -80,6 +80,19 @@ int memfds_open() {
   return n;
 }
 
+// A peer asking for bundle `seq` is refused: it was withdrawn.
+void expect_withdrawn(pid_t owner, std::uint64_t token, std::uint32_t seq) {
+  test::in_child([&] {
+    try {
+      (void)fetch_bundle(owner, token, seq, 5000ms);
+    } catch (const Error& e) {
+      need(e.code() == Errc::fd_transfer, e.what());
+      return;
+    }
+    need(false, "a withdrawn bundle was fetched");
+  });
+}
+
 TEST_CASE("segment server: a bundle of fds and bytes is fetched by a peer, and gone once withdrawn",
           "[vmm]") {
   auto bundle = std::make_shared<FdBundle>();
@@ -107,15 +120,7 @@ TEST_CASE("segment server: a bundle of fds and bytes is fetched by a peer, and g
     need(seen == "xyz", "the same files, in order: " + seen);
   });
   withdraw_segment(kSeq);
-  test::in_child([&] {
-    try {
-      (void)fetch_bundle(owner, token, kSeq, 5000ms);
-    } catch (const Error& e) {
-      need(e.code() == Errc::fd_transfer, e.what());
-      return;
-    }
-    need(false, "a withdrawn bundle was fetched");
-  });
+  expect_withdrawn(owner, token, kSeq);
 }
 
 TEST_CASE("vmm by fd: a span across chunks maps contiguously in a peer, zero-copy", "[vmm]") {
@@ -203,15 +208,7 @@ TEST_CASE("vmm by fd: an export lasts while it is held, and then pins nothing", 
   CHECK(memfds_open() == before);
   const pid_t owner = ::getpid();
   const std::uint64_t token = process_token();
-  test::in_child([&] {
-    try {
-      (void)fetch_bundle(owner, token, seq, 5000ms);
-    } catch (const Error& e) {
-      need(e.code() == Errc::fd_transfer, e.what());
-      return;
-    }
-    need(false, "a withdrawn export was fetched");
-  });
+  expect_withdrawn(owner, token, seq);
 }
 
 TEST_CASE("vmm by fd: a span that fails to map leaves nothing mapped or imported", "[vmm]") {

@@ -17,6 +17,7 @@
 
 #include "../gpu_check.hpp"
 #include "../test_util.hpp"
+#include "cuda_test_util.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/cuda/vmm_api.hpp"
 #include "ipc/stats.hpp"
@@ -27,15 +28,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  std::fprintf(stderr, "child %d: expectation failed: %s\n", static_cast<int>(::getpid()),
-               what.c_str());
-  std::fflush(nullptr);
-  ::_exit(1);
-}
-
-const at::TensorOptions kCuda = at::TensorOptions().device(at::kCUDA, 0).dtype(at::kFloat);
+using test::expect;
+using test::kCuda;
 
 void use_expandable_segments() {
   ::setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 1);
@@ -67,17 +61,6 @@ std::set<std::uint64_t> chunks_of(const at::Tensor& t) {
     at = c.base + c.size;
   }
   return out;
-}
-
-bool allocator_reuses(std::uintptr_t address, std::int64_t floats, std::chrono::seconds within) {
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  std::vector<at::Tensor> tries;
-  while (std::chrono::steady_clock::now() < deadline) {
-    tries.push_back(at::empty({floats}, kCuda));
-    if (reinterpret_cast<std::uintptr_t>(tries.back().data_ptr()) == address) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
 }
 
 TEST_CASE("expandable segments: tensors travel by fd, zero-copy, each chunk imported once",
@@ -128,55 +111,17 @@ TEST_CASE("expandable segments: tensors travel by fd, zero-copy, each chunk impo
   CHECK(s.tensors_copied == 0);
 }
 
-// The sender's 64 MiB tensor is held while the receiver views it, and LibTorch has it back once
-// the receiver drops it (or is SIGKILLed holding it). Once per process: a test that forks after
-// CUDA is initialised could not use it in the child.
-void memory_returns(bool kill_it) {
+TEST_CASE("expandable segments: the sender's memory returns once the receiver drops it", "[gpu]") {
   use_expandable_segments();
   REQUIRE_GPU();
-  constexpr std::int64_t kFloats = 16 << 20;
-  auto q = TensorQueue::create({4});
-  auto up = TensorQueue::create({4});
-  auto down = TensorQueue::create({4});
-  const pid_t child = test::fork_child([&] {
-    at::Tensor y = q.recv(60s)[0];
-    expect(y.sum().item<float>() == static_cast<float>(kFloats), "values");
-    up.send({}, 60s);  // holding
-    down.recv(60s);
-    y.reset();
-    up.send({}, 60s);  // dropped
-    down.recv(60s);
-  });
-  std::uintptr_t address = 0;
-  {
-    at::Tensor x = at::ones({kFloats}, kCuda);
-    require_fd_exportable(x, child);
-    address = reinterpret_cast<std::uintptr_t>(x.data_ptr());
-    q.send({x}, 60s);
-  }
-  up.recv(60s);
-  CHECK_FALSE(allocator_reuses(address, kFloats, 1s));  // held for the receiver
-  if (kill_it) {
-    ::kill(child, SIGKILL);
-    CHECK(test::wait_child(child) == 128 + SIGKILL);
-  } else {
-    down.send({}, 60s);
-    up.recv(60s);
-  }
-  CHECK(allocator_reuses(address, kFloats, 5s));
-  if (!kill_it) {
-    down.send({}, 60s);
-    REQUIRE(test::wait_child(child) == 0);
-  }
-}
-
-TEST_CASE("expandable segments: the sender's memory returns once the receiver drops it", "[gpu]") {
-  memory_returns(false);
+  test::check_memory_returns(false, require_fd_exportable);
 }
 
 TEST_CASE("expandable segments: a receiver SIGKILLed holding views: the memory is reclaimed",
           "[gpu]") {
-  memory_returns(true);
+  use_expandable_segments();
+  REQUIRE_GPU();
+  test::check_memory_returns(true, require_fd_exportable);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "../gpu_check.hpp"
 #include "../test_util.hpp"
+#include "cuda_test_util.hpp"
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/ipc_api.hpp"
@@ -33,16 +34,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// In a child: a failed expectation ends it with code 1, saying what failed.
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  std::fprintf(stderr, "child %d: expectation failed: %s\n", static_cast<int>(::getpid()),
-               what.c_str());
-  std::fflush(nullptr);
-  ::_exit(1);
-}
-
-const at::TensorOptions kCuda = at::TensorOptions().device(at::kCUDA, 0).dtype(at::kFloat);
+using test::allocator_reuses;
+using test::expect;
+using test::kCuda;
 
 cuda::BlockInfo block_of(const at::Tensor& t) {
   cuda::BlockInfo b;
@@ -52,20 +46,6 @@ cuda::BlockInfo block_of(const at::Tensor& t) {
 
 std::uint64_t reason_count(CopyReason r) {
   return transport_stats().copies_by_reason[static_cast<int>(r)];
-}
-
-// Waits until the CUDA caching allocator hands out `address` again for a tensor of `floats`
-// elements: proof that the block behind it was given back. Keeps the tries alive so each new
-// one must land elsewhere.
-bool allocator_reuses(std::uintptr_t address, std::int64_t floats, std::chrono::seconds within) {
-  const auto deadline = Clock::now() + within;
-  std::vector<at::Tensor> tries;
-  while (Clock::now() < deadline) {
-    tries.push_back(at::empty({floats}, kCuda));
-    if (reinterpret_cast<std::uintptr_t>(tries.back().data_ptr()) == address) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
 }
 
 TEST_CASE("two tensors from one cudaMalloc block reach one peer correct, with one open", "[gpu]") {
@@ -149,55 +129,13 @@ TEST_CASE("a kernel's result is sent with no host sync and read correctly", "[gp
 TEST_CASE("the sender's block lives until the receiver drops it, then returns to LibTorch",
           "[gpu]") {
   REQUIRE_GPU();
-  constexpr std::int64_t kFloats = 16 << 20;  // 64 MiB: an allocation of its own
-  auto q = TensorQueue::create({4});
-  auto up = TensorQueue::create({4});
-  auto down = TensorQueue::create({4});
-  const pid_t child = test::fork_child([&] {
-    at::Tensor y = q.recv(60s)[0];
-    expect(y.sum().item<float>() == static_cast<float>(kFloats), "values");
-    up.send({}, 60s);  // holding
-    down.recv(60s);
-    y.reset();
-    up.send({}, 60s);  // dropped
-    down.recv(60s);
-  });
-  std::uintptr_t address = 0;
-  {
-    at::Tensor x = at::ones({kFloats}, kCuda);
-    address = reinterpret_cast<std::uintptr_t>(x.data_ptr());
-    q.send({x}, 60s);
-  }  // the sender's own reference is gone; the receiver's lease holds the storage
-  up.recv(60s);
-  CHECK_FALSE(allocator_reuses(address, kFloats, 1s));  // still held for the receiver
-  down.send({}, 60s);
-  up.recv(60s);
-  CHECK(allocator_reuses(address, kFloats, 5s));  // released: LibTorch has it back
-  down.send({}, 60s);
-  REQUIRE(test::wait_child(child) == 0);
+  test::check_memory_returns(false);
 }
 
 TEST_CASE("a receiver SIGKILLed holding views: the sender's memory is reclaimed", "[gpu]") {
   REQUIRE_GPU();
-  constexpr std::int64_t kFloats = 16 << 20;
-  auto q = TensorQueue::create({4});
-  auto up = TensorQueue::create({4});
-  const pid_t child = test::fork_child([&] {
-    Tensors held = q.recv(60s);
-    up.send({}, 60s);
-    ::pause();
-  });
   const auto reclaimed = transport_stats().leases_reclaimed;
-  std::uintptr_t address = 0;
-  {
-    at::Tensor x = at::ones({kFloats}, kCuda);
-    address = reinterpret_cast<std::uintptr_t>(x.data_ptr());
-    q.send({x}, 60s);
-  }
-  up.recv(60s);
-  ::kill(child, SIGKILL);
-  CHECK(test::wait_child(child) == 128 + SIGKILL);
-  CHECK(allocator_reuses(address, kFloats, 5s));
+  test::check_memory_returns(true);
   CHECK(transport_stats().leases_reclaimed == reclaimed + 1);
 }
 

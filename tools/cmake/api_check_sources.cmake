@@ -6,7 +6,7 @@
 # The CPU-only stand-ins for the CUDA sources, compiled instead of them when there is no nvcc.
 if(FERRY_HAVE_CUDA)
   add_library(ferry_api_check_ipc OBJECT EXCLUDE_FROM_ALL
-    ipc/cuda/devices_none.cpp ipc/cuda/ipc_api_none.cpp)
+    ipc/cuda/devices_none.cpp ipc/cuda/ipc_api_none.cpp ipc/cuda/vmm_api_none.cpp)
   target_link_libraries(ferry_api_check_ipc PRIVATE ferry_ipc ferry_warnings)
 endif()
 
