@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include "../../catch.hpp"
+#include "../catch.hpp"
 
 #include "hosts/host_link.hpp"
 
