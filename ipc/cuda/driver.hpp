@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "ipc/cuda/ipc_api.hpp"
+#include "ipc/cuda/status.hpp"
 #include "ipc/step_times.hpp"
 
 namespace ferry::cuda::driver {

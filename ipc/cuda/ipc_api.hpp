@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ipc/cuda/status.hpp"
+
 namespace ferry::cuda {
 
 using IpcHandle = std::array<std::uint8_t, 64>;  // cudaIpcMemHandle_t / cudaIpcEventHandle_t
@@ -35,14 +37,6 @@ struct BlockInfo {
   std::uintptr_t base = 0;      // start of the allocation
   std::size_t size = 0;         // its length in bytes
   std::uint64_t buffer_id = 0;  // unique per allocation in the owning process, never reused
-};
-
-// The outcome of a call: ok, or the CUDA error's name and text.
-struct Status {
-  int code = 0;       // cudaError_t; 0 is success
-  std::string error;  // "cudaIpcOpenMemHandle: cudaErrorAlreadyMapped (...)"; empty when ok
-  bool ok() const noexcept { return code == 0; }
-  bool already_mapped() const noexcept;  // cudaErrorAlreadyMapped
 };
 
 // True when ferry was built with nvcc and a driver answered with at least one device.

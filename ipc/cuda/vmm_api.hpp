@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "ipc/cuda/ipc_api.hpp"
+#include "ipc/cuda/status.hpp"
 #include "ipc/fd.hpp"
 
 namespace ferry::cuda {
