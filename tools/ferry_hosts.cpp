@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "tools/ferry_run.hpp"
+#include "tools/local_pool.hpp"
 #include "tools/stop_signals.hpp"
 #if FERRY_HAVE_HOSTS
 #include "hosts/head_hub.hpp"

@@ -9,17 +9,13 @@
 
 #include "runtime/remote_workers.hpp"
 #include "tools/ferry_inputs.hpp"
+#include "tools/ferry_report.hpp"  // HostCounts
 
 namespace ferry::hosts {
 class HeadHub;
 }
 
 namespace ferry::tools {
-
-// What `ferry run` reports of the hosts that joined it.
-struct HostCounts {
-  std::uint64_t joined = 0, lost = 0, refused = 0;
-};
 
 // The head's side of `ferry run --listen`: hosts may join from the time it is made.
 class HostsHead {

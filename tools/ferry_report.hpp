@@ -4,15 +4,20 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/ferry.hpp"
-#include "tools/ferry_hosts.hpp"
 #include "tools/ferry_inputs.hpp"
 
 namespace ferry::tools {
+
+// What `ferry run` reports of the hosts that joined it.
+struct HostCounts {
+  std::uint64_t joined = 0, lost = 0, refused = 0;
+};
 
 // How a run went, gathered by run() for the report.
 struct RunOutcome {
