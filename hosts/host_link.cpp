@@ -27,9 +27,9 @@
 
 #include "ipc/fd.hpp"
 #include "ipc/log.hpp"
-#include "runtime/dtype.hpp"
+#include "runtime/transport/dtype.hpp"
 #include "runtime/shared_tensor.hpp"
-#include "runtime/tensor_codec.hpp"
+#include "runtime/transport/tensor_view.hpp"
 
 namespace ferry::hosts {
 namespace {

@@ -44,7 +44,7 @@ struct TransportStats {
   std::uint64_t segments_mapped = 0;   // peers' segments mapped here (each at most once)
   std::uint64_t fds_fetched = 0;       // segment fds received by SCM_RIGHTS
   std::uint64_t leases_reclaimed = 0;  // leases taken back from receivers that died
-  // CUDA IPC (runtime/cuda_transport.hpp); the zero-copy ones are also in tensors_zero_copy.
+  // CUDA IPC (runtime/transport/cuda_ipc/); the zero-copy ones are also in tensors_zero_copy.
   std::uint64_t cuda_tensors_zero_copy = 0, cuda_bytes_zero_copy = 0;
   // Handles exported and opened: cudaIpcGetMemHandle and cudaIpcOpenMemHandle calls (once per
   // block, and per block and peer); for expandable segments, chunk fds exported and imported.

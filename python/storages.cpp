@@ -11,7 +11,6 @@
 
 #include "ipc/error.hpp"
 #include "runtime/shared_tensor.hpp"
-#include "runtime/tensor_codec.hpp"
 
 namespace py = pybind11;
 

@@ -2,17 +2,17 @@
 
 #include "ipc/peer_segments.hpp"
 #include "ipc/process.hpp"
-#include "runtime/cuda_transport.hpp"
-#include "runtime/received_storages.hpp"
+#include "runtime/transport/shm_cpu/received_storages.hpp"
+#include "runtime/transport_table.hpp"
 
 namespace ferry {
 
 void notify_peer_exit(pid_t pid) {
   if (process_alive(pid)) return;
-  detail::relocate_from_dead(pid);
-  // Mappings of segments this process only ever copied out of go too.
+  // What was received from it stops depending on it, in every transport; mappings of segments
+  // this process only ever copied out of go too.
+  for (const detail::Transport* t : detail::all_transports()) t->peer_exited(pid);
   drop_dead_peer_segments();
-  detail::cuda_peer_exited(pid);
 }
 
 std::size_t release_dead_peers() {

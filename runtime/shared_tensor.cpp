@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "ipc/error.hpp"
-#include "runtime/tensor_codec.hpp"
+#include "runtime/transport/shm_cpu/storages.hpp"
 
 namespace ferry {
 

@@ -19,14 +19,13 @@
 #include "ipc/stats.hpp"
 #include "ipc/step_times.hpp"
 #include "ipc/wire.hpp"
-#include "runtime/cuda_transport.hpp"
-#include "runtime/received_storages.hpp"
-#include "runtime/tensor_codec.hpp"
+#include "runtime/transport/shm_cpu/received_storages.hpp"
+#include "runtime/transport/shm_cpu/shm_cpu.hpp"
+#include "runtime/transport/transport.hpp"
+#include "runtime/transport_table.hpp"
 
 namespace ferry {
 namespace {
-
-constexpr auto kFetchTimeout = std::chrono::seconds(5);
 
 // At a normal exit, a process that sent tensors leaves what its queued messages need in their
 // queues' custody, and waits (FERRY_EXIT_LINGER_MS, default 2 s) only for what it could not
@@ -67,49 +66,26 @@ void reclaim_if_due(Ledger& ledger) {
   if (dead_due || ledger.has_releases()) ledger.reclaim(dead_due);
 }
 
-// What the receiver learned about one record while the message was still in the ring.
-struct Claimed {
-  wire::Record record;
-  std::shared_ptr<Segment> ledger;  // set once the lease is ours
-  std::shared_ptr<Segment> data;
-  bool sender_exited = false;  // its segments came from the queue's custody
-  std::string error;
-  Errc code = Errc::bad_record;
-};
+using detail::Claim;
 
+// Inside the pop, while the records are still in the ring: each record's transport claims its
+// lease and maps what it needs. A failure is noted in its Claim, reported after the pop.
 void claim_records(const std::byte* bytes, std::uint32_t count, Channel& channel,
-                   std::vector<Claimed>& out) {
+                   std::vector<Claim>& out) {
   const pid_t me = current_pid();
   // A sender that exited left its segments in the queue's custody; the pop holds the ring lock
   // that reading it needs.
-  const SegmentFallback custody = [&channel](std::uint64_t token, std::uint32_t seq) {
+  const detail::CustodyLookup custody = [&channel](std::uint64_t token, std::uint32_t seq) {
     return channel.from_custody(token, seq);
   };
   out.assign(count, {});
   for (std::uint32_t i = 0; i < count; ++i) {
-    Claimed& c = out[i];
+    Claim& c = out[i];
     std::memcpy(&c.record, bytes + std::size_t{i} * sizeof(wire::Record), sizeof(wire::Record));
-    const wire::Record& r = c.record;
-    c.error = wire::validate(r);
-    if (!c.error.empty() || (r.flags & wire::kFlagEmptyMessage)) continue;
+    c.error = wire::validate(c.record);
+    if (!c.error.empty() || (c.record.flags & wire::kFlagEmptyMessage)) continue;
     try {
-      if (r.device_type == static_cast<std::uint8_t>(wire::DeviceType::cuda)) {
-        c.ledger = detail::claim_cuda(r, me);
-        continue;
-      }
-      const steps::Timed step("recv: claim a CPU record (in the pop)");
-      auto ledger = map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout, custody,
-                                     &c.sender_exited);
-      if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
-        c.error = "lease " + std::to_string(r.lease_slot) + "/" + std::to_string(r.lease_gen) +
-                  " of pid " + std::to_string(r.owner_pid) + " does not match the record";
-        continue;
-      }
-      c.ledger = std::move(ledger);
-      // Mapped before the pop commits, so once a sender sees its lease claimed it may exit:
-      // the receiver already holds the memory.
-      c.data = map_peer_segment(r.owner_pid, r.owner_token, r.segment_seq, r.segment_size,
-                                kFetchTimeout, custody, &c.sender_exited);
+      detail::transport(detail::choose(c.record)).claim(c, me, custody);
     } catch (const Error& e) {
       c.error = e.detail();
       c.code = e.code();
@@ -120,14 +96,19 @@ void claim_records(const std::byte* bytes, std::uint32_t count, Channel& channel
   }
 }
 
+// Tensors this process sent that no receiver has claimed yet, over every transport.
+std::size_t in_flight() {
+  std::size_t n = 0;
+  for (const detail::Transport* t : detail::all_transports()) n += t->in_flight();
+  return n;
+}
+
 }  // namespace
 
 std::size_t flush(std::chrono::milliseconds timeout) {
-  Ledger* ledger = Arena::local().existing_ledger();
-  auto waiting_now = [&] { return (ledger ? ledger->in_flight() : 0) + detail::cuda_in_flight(); };
   const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
   std::size_t waiting;
-  while ((waiting = waiting_now()) > 0 && Clock::now() < deadline) {
+  while ((waiting = in_flight()) > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return waiting;
@@ -167,7 +148,11 @@ std::size_t flush_at_exit(std::chrono::milliseconds timeout) {
     }
   }
   auto waiting_now = [&] {
-    std::size_t n = detail::cuda_in_flight();
+    // Every transport's but the CPU one's, whose leases left in custody are done with.
+    std::size_t n = 0;
+    for (const detail::Transport* t : detail::all_transports()) {
+      if (t != &detail::shm_cpu_transport()) n += t->in_flight();
+    }
     for (const Ledger::Lease& l : waiting) n += ledger->unclaimed(l);
     return n;
   };
@@ -256,33 +241,26 @@ SendReport TensorQueue::send_message(const Tensors& body,
   register_linger_once();
 
   std::vector<wire::Record> records(n);
-  std::vector<std::pair<Ledger*, Ledger::Lease>> leases;  // CPU and CUDA leases
+  std::vector<std::pair<Ledger*, Ledger::Lease>> leases;  // in each transport's ledger
   leases.reserve(n);
   auto abandon = [&] {
     for (const auto& [l, lease] : leases) l->abandon(lease);
   };
-  const detail::ReceiverHint to{receiver_pid_, receiver_device_};
+  const detail::SendContext ctx{arena, {receiver_pid_, receiver_device_}, options.detached};
   SendReport report;  // body's tensors
   report.tensors.resize(body.size());
   SentTensor header;
   auto encode = [&](const at::Tensor& t, std::size_t i, SentTensor& sent) {
+    const bool cuda = t.defined() && t.is_cuda();
+    detail::Outgoing o = detail::transport(detail::choose(cuda)).encode(t, i, ctx);
+    leases.emplace_back(o.ledger, o.lease);
     wire::Record& r = records[i];
-    if (t.defined() && t.is_cuda()) {
-      detail::CudaOutgoing o = detail::encode_cuda(t, i, arena, to, options.detached);
-      r = o.record;
-      leases.emplace_back(o.ledger, o.lease);
-      sent.copied = o.copied;
-      sent.cuda = true;
-    } else {
-      const steps::Timed encoding("send: encode a CPU tensor");
-      detail::Outgoing o = detail::encode(t, i, arena, options.detached);
-      r = o.record;
-      leases.emplace_back(&ledger, o.lease);
-      sent.copied = o.copied;
-    }
-    sent.bytes = t.nbytes();
+    r = o.record;
     r.msg_index = static_cast<std::uint16_t>(i);
     r.msg_count = static_cast<std::uint16_t>(tensors);
+    sent.copied = o.copied;
+    sent.cuda = cuda;
+    sent.bytes = t.nbytes();
   };
   std::uint64_t seq;
   try {
@@ -312,7 +290,7 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
   detail::copy_on_receipt_below();
   detail::relocate_from_dead_if_due();
   std::vector<std::byte> bytes;
-  std::vector<Claimed> claimed;
+  std::vector<Claim> claimed;
   {
     const steps::Timed popping("recv: pop");
     channel_->pop(bytes, timeout, [&](const std::byte* recs, std::uint32_t count, std::uint64_t) {
@@ -327,23 +305,13 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
   std::string first_error;
   Errc first_code = Errc::bad_record;
   const pid_t me = current_pid();
-  for (Claimed& c : claimed) {
+  for (Claim& c : claimed) {
     const wire::Record& r = c.record;
     if (r.flags & wire::kFlagEmptyMessage) break;
     if (c.ledger) {
       try {
-        const bool cuda = r.device_type == static_cast<std::uint8_t>(wire::DeviceType::cuda);
-        if (c.error.empty() && !cuda) c.error = wire::validate_location(r, c.data->size());
         if (c.error.empty()) {
-          if (cuda) {
-            out.push_back(detail::decode_cuda(r, c.ledger, me));
-          } else if (r.flags & wire::kFlagToDevice) {
-            out.push_back(
-                detail::to_staged_device(detail::decode(r, std::move(c.data), c.ledger, me), r));
-          } else {
-            const steps::Timed decoding("recv: decode a CPU record");
-            out.push_back(detail::decode(r, std::move(c.data), c.ledger, me, c.sender_exited));
-          }
+          out.push_back(detail::transport(detail::choose(r)).decode(c, me));
           detail::bump(detail::counters().tensors_received);
           detail::bump(detail::counters().bytes_received, out.back().nbytes());
           continue;
@@ -352,7 +320,8 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
         c.error = e.detail();
         c.code = e.code();
       }
-      Ledger::release(*c.ledger, r.lease_slot, r.lease_gen, me);
+      // A decode that failed after handing the lease on has reset c.ledger.
+      if (c.ledger) Ledger::release(*c.ledger, r.lease_slot, r.lease_gen, me);
     }
     if (first_error.empty()) {
       first_error = c.error;

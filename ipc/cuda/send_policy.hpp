@@ -23,7 +23,7 @@ struct Receiver {
   bool cannot_open = false;
 };
 
-// Everything the decision depends on, gathered by the caller (runtime/cuda_transport.cpp).
+// Everything the decision depends on, gathered by the caller (runtime/transport/cuda_ipc/encode.cpp).
 struct SendFacts {
   bool empty = false;           // no bytes, so no allocation to export
   bool detached = false;        // the caller asked for a copy

@@ -8,7 +8,7 @@
 
 #include "ipc/arena.hpp"
 #include "ipc/log.hpp"
-#include "runtime/cuda_ipc.hpp"
+#include "runtime/peer_exit.hpp"
 #include "runtime/task_error.hpp"
 
 namespace ferry::supervisor {

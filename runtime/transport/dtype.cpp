@@ -1,4 +1,4 @@
-#include "runtime/dtype.hpp"
+#include "runtime/transport/dtype.hpp"
 
 #include <torch/version.h>
 

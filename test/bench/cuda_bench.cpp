@@ -38,8 +38,8 @@
 #include "ipc/ledger.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/step_times.hpp"
-#include "runtime/cuda_stream.hpp"
-#include "runtime/cuda_transport.hpp"
+#include "runtime/transport/cuda_ipc/stream.hpp"
+#include "runtime/transport/cuda_ipc/cuda_ipc.hpp"
 #include "runtime/ferry.hpp"
 
 namespace {

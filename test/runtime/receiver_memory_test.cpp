@@ -18,7 +18,7 @@
 #include "ipc/stats.hpp"
 #include "runtime/peer_exit.hpp"
 #include "runtime/shared_tensor.hpp"
-#include "runtime/tensor_codec.hpp"
+#include "runtime/transport/shm_cpu/shm_cpu.hpp"
 
 using ferry::Error;
 using ferry::TensorQueue;

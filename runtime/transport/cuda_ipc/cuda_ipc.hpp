@@ -1,15 +1,18 @@
-// The LibTorch adapter for CUDA tensors (internal): at::Tensor on a device <-> wire record with
-// a CUDA IPC handle, an event to wait on and a lease in the sender's CUDA ledger.
+// The CUDA transport (internal): at::Tensor on a device <-> wire record with a CUDA IPC handle
+// (or, for LibTorch's expandable segments, a bundle of fds: spans.hpp), an event to wait on and
+// a lease in the sender's CUDA ledger.
 //
-// Sender: find the cudaMalloc allocation behind the tensor's storage, export its handle once,
-// take a lease that holds the storage (so LibTorch's caching allocator can neither reuse nor free
-// it), record a pooled interprocess event on the current stream. Where zero-copy would break a
-// rule, send_policy says what to copy and why.
+// Sender (encode.cpp, sender.hpp): find the allocation behind the tensor's storage, export it
+// once, take a lease that holds the storage (so LibTorch's caching allocator can neither reuse
+// nor free it), record a pooled interprocess event on the current stream. Where zero-copy would
+// break a rule, send_policy says what to copy and why; a copy for a receiver that cannot open
+// device memory travels through the CPU transport (shm_cpu) and is moved back to the device on
+// receipt.
 //
-// Receiver: wait on the event on the current stream, claim the lease, open the allocation once
-// (import cache) and return a view at base + offset. When the view dies its lease goes to a
-// closer thread, which waits for the device and then releases it; an allocation with no views
-// left is closed there too, off the hot path.
+// Receiver (decode.cpp, importer.hpp): wait on the event on the current stream, claim the lease,
+// open the allocation once (import cache) and return a view at base + offset. When the view dies
+// its lease goes to a closer thread, which waits for the device and then releases it; an
+// allocation with no views left is closed there too, off the hot path.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,37 +20,19 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 
-#include "ipc/ledger.hpp"
-#include "ipc/stats.hpp"
 #include "ipc/wire.hpp"
+#include "runtime/transport/transport.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
-class Arena;
-class Segment;
-
-namespace detail {
-
-// The receiving process as the sender knows it. device: -2 unknown (any receiver of a shared
-// queue), -1 a process that cannot use CUDA, N its CUDA device.
-struct ReceiverHint {
-  pid_t pid = 0;
-  int device = -2;
-};
-
-struct CudaOutgoing {
-  wire::Record record;
-  Ledger* ledger;  // which of this process's ledgers holds the lease (CUDA, or the arena's)
-  Ledger::Lease lease;
-  std::optional<CopyReason> copied;  // why it was copied first; unset when sent by handle
-};
+// The transport itself (Carrier::cuda_ipc).
+const Transport& cuda_ipc_transport();
 
 // Describes CUDA tensor `index` of a message (copying it where send_policy says so) and takes a
 // lease on what the record names. Throws Error.
-CudaOutgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena,
-                         const ReceiverHint& to, bool detached);
+Outgoing encode_cuda(const at::Tensor& t, std::size_t index, Arena& arena, const ReceiverHint& to,
+                     bool detached);
 
 // Receiver, inside the channel pop: makes this thread's current stream wait on the record's
 // event, maps the sender's CUDA ledger and claims the lease. Returns the ledger segment; throws
@@ -67,8 +52,11 @@ std::size_t cuda_in_flight();
 // True when `t`'s storage is a view on a peer's CUDA allocation.
 bool is_cuda_received(const at::Tensor& t);
 
+// ferry::source_alive() (runtime/cuda_ipc.hpp): false for a view on a peer's CUDA allocation
+// once that peer has exited.
+bool cuda_source_alive(const at::Tensor& t);
+
 // Marks the views on exited process `pid`'s CUDA allocations (notify_peer_exit()).
 void cuda_peer_exited(pid_t pid);
 
-}  // namespace detail
-}  // namespace ferry
+}  // namespace ferry::detail

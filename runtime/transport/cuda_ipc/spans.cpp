@@ -1,4 +1,4 @@
-#include "runtime/cuda_spans.hpp"
+#include "runtime/transport/cuda_ipc/spans.hpp"
 
 #include <chrono>
 

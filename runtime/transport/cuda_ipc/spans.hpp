@@ -1,5 +1,5 @@
-// The LibTorch adapter's part for CUDA tensors in virtual-memory chunks (LibTorch's expandable
-// segments), passed by file descriptor (internal). cuda_transport.cpp does everything a
+// The CUDA transport's part for tensors in virtual-memory chunks (LibTorch's expandable
+// segments), passed by file descriptor (internal). The rest of cuda_ipc/ does everything a
 // cudaMalloc block and a span share (lease, event, import cache, closer); this is what differs:
 // which chunks to export, how a record names them, and how the receiver maps them.
 #pragma once

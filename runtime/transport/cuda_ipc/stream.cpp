@@ -1,4 +1,4 @@
-#include "runtime/cuda_stream.hpp"
+#include "runtime/transport/cuda_ipc/stream.hpp"
 
 #include "ipc/step_times.hpp"
 

@@ -1,4 +1,4 @@
-#include "runtime/received_storages.hpp"
+#include "runtime/transport/shm_cpu/received_storages.hpp"
 
 #include <c10/core/CPUAllocator.h>
 #include <pthread.h>
@@ -19,7 +19,7 @@
 #include "ipc/peer_segments.hpp"
 #include "ipc/process.hpp"
 #include "ipc/stats.hpp"
-#include "runtime/tensor_codec.hpp"
+#include "runtime/transport/shm_cpu/storages.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -1,0 +1,87 @@
+// The receiving side of the CUDA transport (internal): one per process, it holds what every
+// receive shares: the import cache (each peer allocation or span opened once), the peers'
+// events opened here, and the closer thread, which releases leases whose views died and closes
+// what nobody views, after the device is done with it, off the hot path.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "ipc/cuda/identity.hpp"
+#include "ipc/cuda/import_cache.hpp"
+#include "ipc/cuda/ipc_api.hpp"
+#include "ipc/cuda/span_import.hpp"
+
+namespace ferry::detail {
+
+// A peer's interprocess event, by the pool slot it sent it from.
+struct EventKey {
+  cuda::ProcessIdentity owner;
+  int device;
+  std::uint32_t slot;
+  bool operator<(const EventKey& o) const noexcept {
+    return std::tie(owner, device, slot) < std::tie(o.owner, o.device, o.slot);
+  }
+};
+struct OpenedEvent {
+  cuda::IpcHandle handle;
+  void* event;
+};
+
+class Importer {
+ public:
+  Importer();
+
+  std::mutex mu;
+  std::condition_variable changed;  // an entry finished opening or closing
+  std::condition_variable work;     // the closer has something to do
+  cuda::ImportCache cache;
+  cuda::SpanImports spans;
+  std::set<cuda::ImportCache::EntryId> span_entries;  // entries that are spans passed by fd
+  std::map<EventKey, OpenedEvent> events;
+  // How long a mapping with no views stays open for the next tensor of its allocation
+  // (FERRY_CUDA_LINGER_MS).
+  const std::chrono::milliseconds linger;
+
+  void start_closer_locked();
+  // Marks the owner's allocations and drops its events (they died with it).
+  void owner_exited_locked(const cuda::ProcessIdentity& owner);
+
+ private:
+  void closer();
+  cuda::Status close_span(int device, void* local);
+  void check_owners_locked();
+  bool closer_running_ = false;
+};
+
+// This process's importer, made on first use (which reads FERRY_CUDA_LINGER_MS and may throw):
+// a forked child gets a fresh one. Never freed: the detached closer uses it until exit.
+Importer& importer();
+// This process's importer, or nullptr when it has not received a CUDA tensor.
+Importer* existing_importer();
+
+// What a received CUDA tensor's storage holds: its entry in the import cache and its lease.
+struct CudaView {
+  Importer* importer;
+  cuda::ImportCache::EntryId entry;
+  cuda::LeaseRef lease;
+  pid_t holder;
+};
+void cuda_view_deleter(void* ctx);
+
+// What a tensor received from this very process holds: the lease on a copy the sender made for
+// it. The lease ends through the closer, after the device is done with the view.
+struct LocalView {
+  Importer* importer;
+  cuda::LeaseRef lease;
+  pid_t holder;
+};
+void local_view_deleter(void* ctx);
+
+}  // namespace ferry::detail
