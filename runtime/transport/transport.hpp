@@ -17,13 +17,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "ipc/error.hpp"
 #include "ipc/ledger.hpp"
+#include "ipc/peer_segments.hpp"
 #include "ipc/stats.hpp"
 #include "ipc/wire.hpp"
 
@@ -79,9 +79,9 @@ struct Claim {
   Errc code = Errc::bad_record;
 };
 
-// Where an exited sender left its segments: the pop holds the ring lock reading it needs.
-using CustodyLookup =
-    std::function<std::shared_ptr<Segment>(std::uint64_t token, std::uint32_t seq)>;
+// Where an exited sender left its segments (the queue's custody): the pop holds the ring lock
+// that reading it needs.
+using CustodyLookup = SegmentFallback;
 
 class Transport {
  public:

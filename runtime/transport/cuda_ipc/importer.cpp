@@ -6,6 +6,7 @@
 
 #include "ipc/cuda/vmm_api.hpp"
 #include "ipc/env.hpp"
+#include "ipc/ledger.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
 #include "ipc/stats.hpp"

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "ipc/cuda/send_policy.hpp"
 #include "ipc/cuda/vmm_api.hpp"
 #include "ipc/env.hpp"
 #include "ipc/process.hpp"
