@@ -27,8 +27,8 @@
 
 #include "ipc/fd.hpp"
 #include "ipc/log.hpp"
-#include "runtime/transport/dtype.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/transport/dtype.hpp"
 #include "runtime/transport/tensor_view.hpp"
 
 namespace ferry::hosts {

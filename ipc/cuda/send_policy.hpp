@@ -23,7 +23,8 @@ struct Receiver {
   bool cannot_open = false;
 };
 
-// Everything the decision depends on, gathered by the caller (runtime/transport/cuda_ipc/encode.cpp).
+// Everything the decision depends on, gathered by the caller (cuda_ipc/encode.cpp under
+// runtime/transport/).
 struct SendFacts {
   bool empty = false;           // no bytes, so no allocation to export
   bool detached = false;        // the caller asked for a copy

@@ -38,9 +38,9 @@
 #include "ipc/ledger.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/step_times.hpp"
-#include "runtime/transport/cuda_ipc/stream.hpp"
-#include "runtime/transport/cuda_ipc/cuda_ipc.hpp"
 #include "runtime/ferry.hpp"
+#include "runtime/transport/cuda_ipc/cuda_ipc.hpp"
+#include "runtime/transport/cuda_ipc/stream.hpp"
 
 namespace {
 

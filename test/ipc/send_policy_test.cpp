@@ -1,5 +1,6 @@
 // The CUDA send policy, one case per route and reason: decide() alone says how a CUDA tensor
-// travels and why, from facts the sender gathers (runtime/transport/cuda_ipc/encode.cpp carries it out).
+// travels and why, from facts the sender gathers (runtime/transport/cuda_ipc/encode.cpp carries
+// it out).
 #include "ipc/cuda/send_policy.hpp"
 
 #include "../catch.hpp"
