@@ -1,5 +1,9 @@
 // Built with USE_C10D_GLOO (ProcessGroupGloo.hpp declares nothing without it) and only where
 // Gloo's headers are found (runtime/CMakeLists.txt).
+// Past the house's 500 lines on purpose: with its header this is ferry's one adapter to c10d
+// (host_link.hpp), and the shims for what differs between LibTorch 1.13 and 2.x (TCPStoreOptions'
+// fields, the Gloo group's API) serve both the store and the link below; split, each half would
+// need them.
 #include "hosts/host_link.hpp"
 
 #include <ATen/ATen.h>

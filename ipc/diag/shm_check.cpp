@@ -17,6 +17,8 @@
 #include <thread>
 
 #include "ipc/arena.hpp"
+#include "ipc/diag/proc_files.hpp"
+#include "ipc/diag/system_limits.hpp"
 #include "ipc/error.hpp"
 #include "ipc/ledger.hpp"
 #include "ipc/segment.hpp"
@@ -25,52 +27,20 @@
 namespace ferry {
 namespace {
 
+using diag::check_cuda;
+using diag::check_memlock;
+using diag::check_open_files;
+using diag::check_sysv;
+using diag::compute_mode_name;
+using diag::exists;
+using diag::read_u64;
+using diag::slurp;
+
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
 // What docker, podman and containerd give a container's /dev/shm unless told otherwise.
 constexpr std::uint64_t kContainerDefaultShm = 64 * kMiB;
 constexpr long kTmpfsMagic = 0x01021994;
-// Below this, mlock()ed and RDMA-registered host memory runs out first (the usual default is
-// 8 MiB).
-constexpr std::uint64_t kMemlockComfort = 64 * kMiB;
-
-void add(CheckItem& item, std::string key, MeasuredValue value) {
-  item.values.push_back(Measured{std::move(key), std::move(value)});
-}
-
-// The whole of a small /proc or /sys file; nullopt, with errno set, when it cannot be read.
-std::optional<std::string> slurp(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
-  const int err = errno;
-  ::close(fd);
-  if (n < 0) {
-    errno = err;
-    return std::nullopt;
-  }
-  return out;
-}
-
-std::optional<std::uint64_t> read_u64(const std::string& path) {
-  auto text = slurp(path);
-  if (!text) return std::nullopt;
-  try {
-    std::size_t used = 0;
-    const unsigned long long v = std::stoull(*text, &used);
-    return static_cast<std::uint64_t>(v);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 // Which container runtime this process seems to run under, or "" when none is evident. The
 // markers are the ones the runtimes leave on purpose; the cgroup path catches the rest.
@@ -109,7 +79,7 @@ struct DirFacts {
 
 CheckItem check_dir(const std::string& dir, std::uint64_t need, DirFacts* facts) {
   CheckItem item{"shm_dir", Verdict::ok, "", "", {}};
-  add(item, "path", dir);
+  item.add("path", dir);
   struct stat st {};
   const bool found = ::stat(dir.c_str(), &st) == 0;
   if (!found || !S_ISDIR(st.st_mode)) {
@@ -126,9 +96,9 @@ CheckItem check_dir(const std::string& dir, std::uint64_t need, DirFacts* facts)
   const bool have_vfs = ::statvfs(dir.c_str(), &vfs) == 0;
   const bool tmpfs = have_fs && static_cast<long>(fs.f_type) == kTmpfsMagic;
   const std::string container = container_kind();
-  add(item, "tmpfs", have_fs ? MeasuredValue(tmpfs) : MeasuredValue());
-  add(item, "writable", writable);
-  add(item, "container", container);
+  item.add("tmpfs", have_fs ? MeasuredValue(tmpfs) : MeasuredValue());
+  item.add("writable", writable);
+  item.add("container", container);
   if (!have_vfs) {
     item.verdict = Verdict::fail;
     item.summary = "cannot read the size of " + dir + " (statvfs: " + std::strerror(errno) + ")";
@@ -138,9 +108,9 @@ CheckItem check_dir(const std::string& dir, std::uint64_t need, DirFacts* facts)
   const std::uint64_t total = std::uint64_t{vfs.f_blocks} * vfs.f_frsize;
   const std::uint64_t avail = std::uint64_t{vfs.f_bavail} * vfs.f_frsize;
   const std::uint64_t used = total - std::uint64_t{vfs.f_bfree} * vfs.f_frsize;
-  add(item, "size_bytes", total);
-  add(item, "used_bytes", used);
-  add(item, "free_bytes", avail);
+  item.add("size_bytes", total);
+  item.add("used_bytes", used);
+  item.add("free_bytes", avail);
   facts->free = avail;
   facts->usable = writable;
 
@@ -217,7 +187,7 @@ CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
     item.summary = "no memory cgroup: no limit beyond the machine's memory";
     return item;
   }
-  add(item, "cgroup_version", std::int64_t{have_v1 ? 1 : 2});
+  item.add("cgroup_version", std::int64_t{have_v1 ? 1 : 2});
   // Inside a container with its own cgroup namespace the path may not exist as written; the
   // container's own cgroup is then mounted at the base.
   std::string dir = base + (path == "/" ? "" : path);
@@ -244,9 +214,9 @@ CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
     if (dir.size() <= base.size()) break;
     dir = dir.substr(0, dir.rfind('/'));
   }
-  add(item, "limit_bytes", best_limit ? MeasuredValue(*best_limit) : MeasuredValue());
-  add(item, "usage_bytes", best_usage ? MeasuredValue(*best_usage) : MeasuredValue());
-  add(item, "headroom_bytes", best_headroom ? MeasuredValue(*best_headroom) : MeasuredValue());
+  item.add("limit_bytes", best_limit ? MeasuredValue(*best_limit) : MeasuredValue());
+  item.add("usage_bytes", best_usage ? MeasuredValue(*best_usage) : MeasuredValue());
+  item.add("headroom_bytes", best_headroom ? MeasuredValue(*best_headroom) : MeasuredValue());
   facts->headroom = best_headroom;
   if (!best_headroom) {
     item.summary = unreadable ? "memory cgroup limit could not be read (permission denied)"
@@ -272,12 +242,12 @@ CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
 CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve,
                         const DirFacts& dir_facts, const CgroupFacts& cg) {
   CheckItem item{"shm_reserve", Verdict::ok, "", "", {}};
-  add(item, "need_bytes", need);
+  item.add("need_bytes", need);
   if (!dir_facts.usable) {
     item.verdict = Verdict::fail;
     item.summary = "not attempted: " + dir + " is not usable (see shm_dir)";
     item.remedy = "fix shm_dir first";
-    add(item, "reserved", MeasuredValue());
+    item.add("reserved", MeasuredValue());
     return item;
   }
   if (cg.headroom && *cg.headroom < need) {
@@ -286,11 +256,11 @@ CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve
     item.summary = "not attempted: " + format_bytes(need) + " exceeds the " +
                    format_bytes(*cg.headroom) + " the memory cgroup has left (see memory_cgroup)";
     item.remedy = "raise the memory limit, or run fewer workers (--workers)";
-    add(item, "reserved", MeasuredValue());
+    item.add("reserved", MeasuredValue());
     return item;
   }
   if (!reserve) {
-    add(item, "reserved", MeasuredValue());
+    item.add("reserved", MeasuredValue());
     item.summary = "not attempted (estimate only): " + format_bytes(dir_facts.free) + " free, " +
                    format_bytes(need) + " needed";
     if (dir_facts.free < need) {
@@ -307,12 +277,12 @@ CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - start)
                         .count();
-    add(item, "reserved", true);
-    add(item, "reserve_ms", std::int64_t{ms});
+    item.add("reserved", true);
+    item.add("reserve_ms", std::int64_t{ms});
     item.summary = "reserved " + format_bytes(need) + " with posix_fallocate in " +
                    std::to_string(ms) + " ms and released it";
   } catch (const Error& e) {
-    add(item, "reserved", false);
+    item.add("reserved", false);
     item.verdict = Verdict::fail;
     if (e.code() == Errc::shm_exhausted) {
       item.summary = "cannot reserve " + format_bytes(need) + " (" + std::to_string(need) +
@@ -322,170 +292,6 @@ CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve
       item.summary = e.detail();
       item.remedy = "set FERRY_SHM_DIR to a writable tmpfs directory";
     }
-  }
-  return item;
-}
-
-CheckItem check_sysv(std::uint64_t need) {
-  CheckItem item{"sysv_shm", Verdict::ok, "", "", {}};
-  const auto shmmax = read_u64("/proc/sys/kernel/shmmax");
-  const auto shmall = read_u64("/proc/sys/kernel/shmall");
-  const auto shmmni = read_u64("/proc/sys/kernel/shmmni");
-  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  auto opt = [](const std::optional<std::uint64_t>& v) {
-    return v ? MeasuredValue(*v) : MeasuredValue();
-  };
-  add(item, "shmmax_bytes", opt(shmmax));
-  add(item, "shmall_pages", opt(shmall));
-  add(item, "shmmni", opt(shmmni));
-  auto show = [](const std::optional<std::uint64_t>& v, bool bytes) {
-    if (!v) return std::string("unreadable");
-    if (*v >= (std::uint64_t{1} << 60)) return std::string("unlimited");
-    return bytes ? format_bytes(*v) : std::to_string(*v);
-  };
-  // shmall is in pages; the product overflows for the "unlimited" default.
-  std::optional<std::uint64_t> shmall_bytes;
-  if (shmall) shmall_bytes = *shmall >= (std::uint64_t{1} << 48) ? *shmall : *shmall * page;
-  item.summary = "kernel.shmmax " + show(shmmax, true) + ", shmall " + show(shmall_bytes, true) +
-                 ", shmmni " + show(shmmni, false);
-  if (!shmmax && !shmall && !shmmni) {
-    item.summary = "kernel.shm* cannot be read: System V limits not checked";
-    return item;
-  }
-  if ((shmmax && *shmmax < need) || (shmall_bytes && *shmall_bytes < need)) {
-    item.verdict = Verdict::warn;
-    item.summary += "; below the job's " + format_bytes(need);
-    item.remedy =
-        "ferry uses POSIX shared memory and is not bound by these, but System V users in the job "
-        "are: sysctl -w kernel.shmmax=" +
-        std::to_string(need) + " kernel.shmall=" + std::to_string((need + page - 1) / page) +
-        " (docker run --sysctl ...)";
-  }
-  return item;
-}
-
-std::string show_limit(rlim_t v) {
-  return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v);
-}
-
-MeasuredValue limit_value(rlim_t v) {
-  return v == RLIM_INFINITY ? MeasuredValue(std::string("unlimited"))
-                            : MeasuredValue(static_cast<std::uint64_t>(v));
-}
-
-CheckItem check_open_files(std::uint64_t fds_need) {
-  CheckItem item{"open_files", Verdict::ok, "", "", {}};
-  struct rlimit rl {};
-  add(item, "needed", fds_need);
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    item.verdict = Verdict::warn;
-    item.summary = std::string("cannot read RLIMIT_NOFILE: ") + std::strerror(errno);
-    item.remedy = "check ulimit -n";
-    return item;
-  }
-  add(item, "soft", limit_value(rl.rlim_cur));
-  add(item, "hard", limit_value(rl.rlim_max));
-  item.summary = "RLIMIT_NOFILE soft " + show_limit(rl.rlim_cur) + ", hard " +
-                 show_limit(rl.rlim_max) + "; the planned job needs about " +
-                 std::to_string(fds_need);
-  const auto fits = [&](rlim_t v) { return v == RLIM_INFINITY || v >= fds_need; };
-  if (!fits(rl.rlim_max)) {
-    item.verdict = Verdict::fail;
-    item.summary += ": the hard limit is too low";
-    item.remedy = "raise the hard limit to at least " + std::to_string(fds_need) +
-                  ": docker run --ulimit nofile=" + std::to_string(fds_need) + ":" +
-                  std::to_string(fds_need) + ", or nofile in /etc/security/limits.conf";
-  } else if (!fits(rl.rlim_cur)) {
-    item.verdict = Verdict::warn;
-    item.summary += ": the soft limit is too low";
-    item.remedy = "raise the soft limit before starting: ulimit -n " + show_limit(rl.rlim_max);
-  }
-  return item;
-}
-
-CheckItem check_memlock(bool have_gpus) {
-  CheckItem item{"memlock", Verdict::ok, "", "", {}};
-  struct rlimit rl {};
-  if (::getrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
-    item.summary = std::string("cannot read RLIMIT_MEMLOCK: ") + std::strerror(errno);
-    return item;
-  }
-  add(item, "soft", limit_value(rl.rlim_cur));
-  add(item, "hard", limit_value(rl.rlim_max));
-  auto show = [](rlim_t v) { return v == RLIM_INFINITY ? "unlimited" : format_bytes(v); };
-  item.summary = "RLIMIT_MEMLOCK soft " + show(rl.rlim_cur) + ", hard " + show(rl.rlim_max);
-  if (have_gpus && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < kMemlockComfort) {
-    item.verdict = Verdict::warn;
-    item.summary += ": little room for pinned (mlock'ed or RDMA-registered) host memory";
-    item.remedy = "ulimit -l unlimited (docker run --ulimit memlock=-1)";
-  }
-  return item;
-}
-
-const char* compute_mode_name(int mode) {
-  switch (mode) {
-    case 0:
-      return "default";
-    case 1:
-      return "exclusive_thread";
-    case 2:
-      return "prohibited";
-    case 3:
-      return "exclusive_process";
-    default:
-      return "unknown";
-  }
-}
-
-CheckItem check_cuda(const cuda::CudaStatus& s) {
-  CheckItem item{"cuda", Verdict::ok, "", "", {}};
-  add(item, "built_with_cuda", s.built_with_cuda);
-  add(item, "driver_present", s.driver_present);
-  add(item, "devices", static_cast<std::uint64_t>(s.devices.size()));
-  if (s.devices.empty()) {
-    // CPU-only use needs none of this, so its absence is not a failure.
-    item.summary = s.error + "; CPU tensors are unaffected";
-    return item;
-  }
-  std::vector<std::string> problems;
-  std::vector<std::string> remedies;
-  for (const auto& d : s.devices) {
-    const std::string dev = "cuda:" + std::to_string(d.index);
-    if (!d.kernel_ok) {
-      item.verdict = Verdict::fail;
-      problems.push_back(dev + " unusable (" + d.error + ")");
-      remedies.push_back("check the driver and nvidia-smi for " + dev);
-      continue;
-    }
-    if (d.compute_mode == 3 || d.compute_mode == 1) {
-      item.verdict = std::max(item.verdict, Verdict::warn);
-      problems.push_back(dev + " compute mode " + compute_mode_name(d.compute_mode) +
-                         ": one process at a time");
-      remedies.push_back("nvidia-smi -i " + std::to_string(d.index) +
-                         " -c DEFAULT, or one worker per device");
-    }
-    if (!d.legacy_ipc || !d.ipc_events) {
-      item.verdict = std::max(item.verdict, Verdict::warn);
-      problems.push_back(dev + (d.legacy_ipc ? " has no IPC events" : " has no CUDA IPC") +
-                         ": its tensors are copied");
-    }
-  }
-  std::string peers;
-  for (std::size_t i = 0; i < s.peer_access.size(); ++i) {
-    for (std::size_t j = i + 1; j < s.peer_access.size(); ++j) {
-      if (s.peer_access[i][j] && s.peer_access[j][i]) {
-        peers += (peers.empty() ? "" : " ") + std::to_string(i) + "<->" + std::to_string(j);
-      }
-    }
-  }
-  item.summary = "driver " + std::to_string(s.driver_version / 1000) + "." +
-                 std::to_string(s.driver_version % 1000 / 10) + ", " +
-                 std::to_string(s.devices.size()) + " device(s)";
-  if (s.devices.size() > 1) item.summary += ", peer access " + (peers.empty() ? "none" : peers);
-  for (const auto& p : problems) item.summary += "; " + p;
-  for (const auto& r : remedies) item.remedy += (item.remedy.empty() ? "" : "; ") + r;
-  if (item.remedy.empty() && item.verdict != Verdict::ok) {
-    item.remedy = "none needed for correctness: ferry copies where IPC is missing";
   }
   return item;
 }

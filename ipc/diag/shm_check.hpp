@@ -39,6 +39,10 @@ struct CheckItem {
 
   // The value under `key`, or nullptr.
   const MeasuredValue* value(const std::string& key) const noexcept;
+  // Records `value` under `key`.
+  void add(std::string key, MeasuredValue value) {
+    values.push_back(Measured{std::move(key), std::move(value)});
+  }
 };
 
 // The Errc that reports a failure of the check named `check` (a CheckItem's name), for a caller
