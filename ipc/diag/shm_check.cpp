@@ -343,31 +343,12 @@ nlohmann::json cuda_json(const cuda::CudaStatus& s) {
 
 }  // namespace
 
-const char* verdict_name(Verdict v) noexcept {
-  switch (v) {
-    case Verdict::ok:
-      return "ok";
-    case Verdict::warn:
-      return "warn";
-    case Verdict::fail:
-      return "fail";
-  }
-  return "fail";
-}
-
 Errc failure_code(const std::string& check) noexcept {
   if (check == "shm_dir") return Errc::shm_failed;
   if (check == "shm_reserve" || check == "memory_cgroup" || check == "sysv_shm") {
     return Errc::shm_exhausted;
   }
   return Errc::system;
-}
-
-const MeasuredValue* CheckItem::value(const std::string& key) const noexcept {
-  for (const auto& m : values) {
-    if (m.key == key) return &m.value;
-  }
-  return nullptr;
 }
 
 Verdict ShmReport::overall() const noexcept {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "ipc/cuda/devices.hpp"
-#include "ipc/diag/shm_check.hpp"
+#include "ipc/diag/check_item.hpp"
 
 namespace ferry::diag {
 
