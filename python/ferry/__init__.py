@@ -34,6 +34,7 @@ _os.register_at_fork(after_in_child=_C.after_fork_in_child)
 
 from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskError, Timeout,
                  WorkerLost)
+from ._context import get_context
 from ._host import serve_host
 from ._pool import AsyncResult, Pool
 from ._queue import Queue, SimpleQueue
@@ -41,7 +42,7 @@ from ._shared import share_, share_module, share_optimizer, shared
 from ._worker import WorkerInfo, worker_info
 
 __all__ = [
-    "Queue", "SimpleQueue", "Pool", "AsyncResult", "serve_host", "empty", "zeros", "share_", "is_shared",
+    "Queue", "SimpleQueue", "get_context", "Pool", "AsyncResult", "serve_host", "empty", "zeros", "share_", "is_shared",
     "share_module", "share_optimizer", "shared", "stats", "check_shm", "worker_info",
     "WorkerInfo", "Error", "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown",
     "TaskError", "Timeout", "WorkerLost",
