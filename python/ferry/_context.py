@@ -89,9 +89,10 @@ class _FerryProcess:
     def _Popen(process_obj):
         # A spawned child reads its environment when it starts, before it imports the main
         # module (where a script's .cuda() at import would make a context): hide the GPUs then.
-        # A forked child hides them itself, in run().
+        # Other children hide them themselves, in run(): a forked one is a copy, and the fork
+        # server, which every forkserver context of the program shares, must keep its own.
         base = type(process_obj)._standard
-        if process_obj._ferry_cuda or base._start_method == "fork":
+        if process_obj._ferry_cuda or base._start_method != "spawn":
             return base._Popen(process_obj)
         with _gpus_hidden():
             return base._Popen(process_obj)

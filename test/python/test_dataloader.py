@@ -75,7 +75,7 @@ def check_batches(batches, batch_size, n):
         assert torch.equal(b, b[:, :1, :1, :1].expand_as(b))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + ["forkserver"])
 def test_batches_arrive_in_order_and_travel_zero_copy(method):
     loader = DataLoader(Numbers(32), batch_size=8, num_workers=2, collate_fn=collate_in_arena,
                         multiprocessing_context=ferry.get_context(method))

@@ -54,6 +54,19 @@ def test_the_same_loader_with_room_delivers_every_batch():
     assert "batches=3 loaded=yes" in r.stdout
 
 
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_dataloader_with_ferrys_context_moves_38_mb_batches(start):
+    r = run([example("dataloader.py"), "--start", start, "--batches", "3"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"context=ferry start={start} workers=2 batches=3 batch_mb=38.5 samples=192" in r.stdout
+
+
+def test_the_same_dataloader_with_torchs_spawn_context_cannot_pickle_its_lambda():
+    r = run([example("dataloader.py"), "--start", "spawn", "--context", "torch", "--batches", "1"])
+    assert r.returncode != 0
+    assert "Can't pickle local object" in r.stderr and "lambda" in r.stderr
+
+
 DIGITS = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"
 needs_digits = pytest.mark.skipif(not os.path.exists(DIGITS),
                                   reason="python3-sklearn (the digits CSV) is not installed")
