@@ -198,6 +198,7 @@ def test_a_spawned_worker_sees_no_gpu_unless_asked(tmp_path, monkeypatch):
     (tmp_path / "gpu_at_import.py").write_text(GPU_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    parents = os.environ.get("CUDA_VISIBLE_DEVICES")
     for cuda, expect_hidden in ((False, True), (True, False)):
         ctx = ferry.get_context("spawn", cuda=cuda)
         q = ctx.Queue()
@@ -209,9 +210,9 @@ def test_a_spawned_worker_sees_no_gpu_unless_asked(tmp_path, monkeypatch):
         if expect_hidden:
             assert visible == "" and not available and not initialised
         else:
-            assert visible == os.environ.get("CUDA_VISIBLE_DEVICES")
+            assert visible == parents
     # The parent's own environment is as it was.
-    assert "CUDA_VISIBLE_DEVICES" not in os.environ or os.environ["CUDA_VISIBLE_DEVICES"] != ""
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == parents
 
 
 def test_the_context_is_a_multiprocessing_context():
