@@ -34,8 +34,10 @@ class CudaIpc final : public Transport {
 }  // namespace
 
 const Transport& cuda_ipc_transport() {
-  static const CudaIpc t;
-  return t;
+  // Never destroyed: flush_at_exit() asks every transport from an atexit handler, which runs
+  // after the statics made since its registration were destroyed.
+  static const auto* t = new CudaIpc;
+  return *t;
 }
 
 }  // namespace ferry::detail

@@ -46,8 +46,10 @@ class ShmCpu final : public Transport {
 }  // namespace
 
 const Transport& shm_cpu_transport() {
-  static const ShmCpu t;
-  return t;
+  // Never destroyed: flush_at_exit() asks every transport from an atexit handler, which runs
+  // after the statics made since its registration were destroyed.
+  static const auto* t = new ShmCpu;
+  return *t;
 }
 
 Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle> block,
