@@ -137,7 +137,8 @@ bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
 
 void Arena::grow_locked(std::size_t at_least) {
   const std::size_t size = std::max(options_.segment_size, round_up(at_least, kLargeAlign));
-  auto seg = Segment::create(size, options_.dir.empty() ? default_shm_dir() : options_.dir);
+  auto seg = Segment::create(
+      size, options_.dir.empty() ? default_segment_place() : SegmentPlace::in_dir(options_.dir));
   segments_.push_back(seg);
   free_by_offset_.emplace_back();
   const auto seq = static_cast<std::uint32_t>(segments_.size());

@@ -30,7 +30,7 @@ class Arena {
   struct Options {
     std::size_t segment_size = std::size_t{64} << 20;
     std::uint32_t lease_slots = 65536;
-    std::string dir;  // empty: default_shm_dir()
+    std::string dir;  // empty: default_segment_place(); set: files in this directory
   };
   struct Block {
     std::uint32_t segment_seq = 0;
@@ -43,10 +43,10 @@ class Arena {
   };
 
   // This process's arena, created on first use with options from the environment
-  // (FERRY_SHM_DIR, FERRY_ARENA_SEGMENT_MB, FERRY_LEASE_SLOTS).
+  // (FERRY_SHM_BACKING, FERRY_SHM_DIR, FERRY_ARENA_SEGMENT_MB, FERRY_LEASE_SLOTS).
   static Arena& local();
   // The options local() uses: the defaults with FERRY_ARENA_SEGMENT_MB and FERRY_LEASE_SLOTS
-  // applied (dir stays empty: default_shm_dir()). Throws Error(invalid_argument) naming a
+  // applied (dir stays empty: default_segment_place()). Throws Error(invalid_argument) naming a
   // malformed variable.
   static Options options_from_env();
   explicit Arena(Options options);

@@ -12,9 +12,9 @@
 #include <cstring>
 #include <string>
 
-#include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
+#include "ipc/memory_room.hpp"
 #include "ipc/process.hpp"
 #include "ipc/stats.hpp"
 #include "ipc/units.hpp"
@@ -51,7 +51,47 @@ UniqueFd create_nameless(const std::string& dir) {
   return UniqueFd(fd);
 }
 
-[[noreturn]] void throw_exhausted(const std::string& dir, std::size_t size, int err) {
+UniqueFd create_memfd() {
+  const int fd = ::memfd_create("ferry-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    throw_errno(Errc::shm_failed,
+                "cannot create a shared-memory segment (memfd_create); set FERRY_SHM_BACKING=dir "
+                "to use files in FERRY_SHM_DIR or /dev/shm instead",
+                errno);
+  }
+  return UniqueFd(fd);
+}
+
+std::string room_text(std::uint64_t room, const MemoryRoom& r) {
+  const bool cgroup = r.cgroup.headroom && *r.cgroup.headroom == room;
+  if (!cgroup) return format_bytes(room) + " of the machine's memory is available";
+  return "the memory cgroup has " + format_bytes(room) + " left of its " +
+         format_bytes(*r.cgroup.limit) + " limit";
+}
+
+// Past the memory cgroup's limit, posix_fallocate does not fail: the OOM killer answers. So what
+// cannot fit is refused before it is reserved.
+void check_memory_room(const SegmentPlace& place, std::size_t size) {
+  const MemoryRoom r = read_memory_room();
+  const auto room = segment_room(r);
+  if (!room || size <= *room) return;
+  throw Error(Errc::shm_exhausted,
+              "cannot reserve " + format_bytes(size) + " (" + std::to_string(size) +
+                  " bytes) of shared memory in " + place.describe() + ": " + room_text(*room, r) +
+                  ". Remedy: raise the container's memory limit (docker run --memory=...; "
+                  "Kubernetes: resources.limits.memory), free memory, or use smaller or fewer "
+                  "tensors in flight");
+}
+
+[[noreturn]] void throw_exhausted(const SegmentPlace& place, std::size_t size, int err) {
+  if (place.backing == SegmentBacking::memfd) {
+    throw Error(Errc::shm_exhausted,
+                "cannot reserve " + format_bytes(size) + " (" + std::to_string(size) +
+                    " bytes) of shared memory in a memfd (" + std::strerror(err) +
+                    "). Remedy: raise the container's memory limit (docker run --memory=...), or "
+                    "free memory");
+  }
+  const std::string& dir = place.dir;
   struct statvfs vfs {};
   std::string free_part = "free space unknown";
   if (::statvfs(dir.c_str(), &vfs) == 0) {
@@ -70,29 +110,33 @@ UniqueFd create_nameless(const std::string& dir) {
 
 }  // namespace
 
-std::string default_shm_dir() {
-  return env::absolute_path("FERRY_SHM_DIR", "/dev/shm");
-}
-
-std::shared_ptr<Segment> Segment::create(std::size_t size, const std::string& dir) {
+std::shared_ptr<Segment> Segment::create(std::size_t size, const SegmentPlace& place) {
   if (size == 0) throw Error(Errc::invalid_argument, "a segment of 0 bytes was asked for");
-  UniqueFd fd = create_nameless(dir);
+  check_memory_room(place, size);
+  const bool memfd = place.backing == SegmentBacking::memfd;
+  UniqueFd fd = memfd ? create_memfd() : create_nameless(place.dir);
   // posix_fallocate returns the error instead of setting errno; EINTR can come from a signal
   // arriving during a large reservation, so it is retried.
   int rc;
   do {
     rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
   } while (rc == EINTR);
-  if (rc == ENOSPC || rc == EFBIG || rc == ENOMEM) throw_exhausted(dir, size, rc);
+  if (rc == ENOSPC || rc == EFBIG || rc == ENOMEM) throw_exhausted(place, size, rc);
   if (rc != 0) {
-    throw_errno(Errc::shm_failed, "cannot reserve " + format_bytes(size) + " in " + dir, rc);
+    throw_errno(Errc::shm_failed,
+                "cannot reserve " + format_bytes(size) + " in " + place.describe(), rc);
+  }
+  // A peer that shrank the file would turn every other mapping's access past the end into a
+  // SIGBUS; sealed, it cannot.
+  if (memfd && ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    throw_errno(Errc::shm_failed, "cannot seal a memfd segment", errno);
   }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
     throw_errno(Errc::shm_failed, "cannot map a segment of " + format_bytes(size), errno);
   }
   detail::bump(detail::counters().segments_created);
-  log().debug("segment created: {} in {} (fd {})", format_bytes(size), dir, fd.get());
+  log().debug("segment created: {} in {} (fd {})", format_bytes(size), place.describe(), fd.get());
   return std::shared_ptr<Segment>(new Segment(std::move(fd), static_cast<std::byte*>(p), size));
 }
 

@@ -1,10 +1,12 @@
 // Segment: one region of POSIX shared memory, mapped once in this process.
 //
-// Created nameless (O_TMPFILE in the shm directory; shm_open + immediate unlink where O_TMPFILE
-// is unsupported), so a process killed at any instant leaves nothing in /dev/shm: the memory
-// lives exactly as long as some process holds its fd or a mapping. Peers get the fd by
-// SCM_RIGHTS. Every byte is reserved with posix_fallocate at creation, so a full filesystem is
-// an Error(shm_exhausted) now instead of a SIGBUS on first touch later.
+// Created nameless (a memfd, or O_TMPFILE in the shm directory, with shm_open + immediate unlink
+// where O_TMPFILE is unsupported: segment_place.hpp), so a process killed at any instant leaves
+// nothing behind: the memory lives exactly as long as some process holds its fd or a mapping.
+// Peers get the fd by SCM_RIGHTS. Every byte is reserved with posix_fallocate at creation, so a
+// full filesystem or a memory cgroup without room is an Error(shm_exhausted) now, instead of a
+// SIGBUS on first touch or the OOM killer later. A memfd is sealed against growing and
+// shrinking, so no peer can truncate it under the others' mappings.
 #pragma once
 
 #include <cstddef>
@@ -13,19 +15,17 @@
 #include <string>
 
 #include "ipc/fd.hpp"
+#include "ipc/segment_place.hpp"
 
 namespace ferry {
 
-// The directory segments are created in: $FERRY_SHM_DIR if set, else /dev/shm. Throws
-// Error(invalid_argument) when FERRY_SHM_DIR is not an absolute path.
-std::string default_shm_dir();
-
 class Segment {
  public:
-  // Creates and maps a segment of `size` bytes in `dir` with every byte reserved. Throws
-  // Error(shm_exhausted) naming the bytes asked, the bytes free and the remedy when it won't fit.
+  // Creates and maps a segment of `size` bytes at `place` with every byte reserved. Throws
+  // Error(shm_exhausted) naming the bytes asked, the bytes free and the remedy when it won't fit:
+  // the filesystem's room, and for either backing the memory cgroup's (memory_room.hpp).
   static std::shared_ptr<Segment> create(std::size_t size,
-                                         const std::string& dir = default_shm_dir());
+                                         const SegmentPlace& place = default_segment_place());
 
   // Maps a segment from an fd received from its owner. `expected_size` (0: take the file's size)
   // is checked against the file so a truncated or wrong fd is an error, not a later SIGBUS.

@@ -15,11 +15,14 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -92,10 +95,22 @@ inline void in_child(const std::function<void()>& fn) {
   REQUIRE(code == 0);
 }
 
+// Whether a path /proc shows for an fd or a mapping is one of ferry's segments: a nameless file in
+// `shm_dir` ("/dev/shm/#1234 (deleted)") or a memfd ("/memfd:ferry-segment (deleted)").
+inline bool is_segment_path(const std::string& path, const std::string& shm_dir) {
+  return path.rfind(shm_dir + "/", 0) == 0 || path.rfind("/memfd:ferry-segment", 0) == 0;
+}
+
+// Where a private_tmpfs() child's segments go: into that tmpfs (FERRY_SHM_BACKING=dir, the
+// fallback a small /dev/shm can fill), or memfds (the default, which it cannot).
+enum class SegmentsIn { tmpfs, memfd };
+
 // In a (single-threaded) child: replaces /dev/shm, in a private mount namespace, with a tmpfs of
 // `bytes` (a container's small /dev/shm, nothing changed outside the child) and returns its
-// path, or exits the child with kSkip when this machine does not allow it.
-inline std::string private_tmpfs(std::size_t bytes) {
+// path, or exits the child with kSkip when this machine does not allow it. With
+// SegmentsIn::tmpfs, ferry's segments are made there.
+inline std::string private_tmpfs(std::size_t bytes, SegmentsIn segments = SegmentsIn::tmpfs) {
+  if (segments == SegmentsIn::tmpfs) ::setenv("FERRY_SHM_BACKING", "dir", 1);
   if (::unshare(CLONE_NEWNS) != 0 ||
       ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
     std::fprintf(stderr, "SKIP: cannot make a private mount namespace here (%s); needs root\n",
@@ -108,6 +123,57 @@ inline std::string private_tmpfs(std::size_t bytes) {
     ::_exit(kSkip);
   }
   return "/dev/shm";
+}
+
+// A fresh memory cgroup below this process's own, limited to `limit` bytes: its directory, or
+// "" (with the reason in *why) where cgroups cannot be made here. The caller removes it
+// (rmdir) once the processes it moved there have exited.
+inline std::string make_memory_cgroup(std::uint64_t limit, std::string* why) {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, v1, v2;
+  bool have_v1 = false, have_v2 = false;
+  while (std::getline(self, line)) {
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    std::stringstream names(controllers);
+    for (std::string c; std::getline(names, c, ',');) {
+      if (c == "memory") {
+        have_v1 = true;
+        v1 = path;
+      }
+    }
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
+      have_v2 = true;
+      v2 = path;
+    }
+  }
+  std::string dir, limit_file;
+  if (have_v1) {
+    dir = "/sys/fs/cgroup/memory" + (v1 == "/" ? "" : v1);
+    limit_file = "memory.limit_in_bytes";
+  } else if (have_v2) {
+    dir = "/sys/fs/cgroup" + (v2 == "/" ? "" : v2);
+    limit_file = "memory.max";
+  } else {
+    *why = "no memory cgroup";
+    return "";
+  }
+  dir += "/ferry-shm-test-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    *why = "cannot create " + dir + ": " + std::strerror(errno);
+    return "";
+  }
+  std::ofstream(dir + "/" + limit_file) << limit;
+  std::ifstream check(dir + "/" + limit_file);
+  std::uint64_t got = 0;
+  if (!(check >> got) || got != limit) {
+    ::rmdir(dir.c_str());
+    *why = "cannot set a memory limit in " + dir;
+    return "";
+  }
+  return dir;
 }
 
 }  // namespace ferry::test

@@ -101,8 +101,9 @@ int run_check(const ferry::ShmCheckOptions& opt, bool json, const Style& style) 
     std::printf("%s\n", ferry::to_json(r).c_str());
     return r.exit_code();
   }
+  const std::string where = r.backing == "memfd" ? "memfd segments" : "segments in " + r.dir;
   std::printf("ferry-shm check: %s, %u workers, need %s of shared memory and about %llu fds\n\n",
-              r.dir.c_str(), r.workers, ferry::format_bytes(r.need_bytes).c_str(),
+              where.c_str(), r.workers, ferry::format_bytes(r.need_bytes).c_str(),
               static_cast<unsigned long long>(r.fds_needed));
   std::size_t name_w = 5;
   for (const auto& i : r.items) name_w = std::max(name_w, i.name.size());
@@ -144,7 +145,7 @@ int run_ls(const std::string& dir, bool json, bool all, const Style& style) {
     if (all || s.kind != "other") shown.push_back(&s);
   }
   if (shown.empty()) {
-    std::printf("no ferry or torch segments in %s%s\n", c.dir.c_str(),
+    std::printf("no ferry or torch segments in %s or in memfds%s\n", c.dir.c_str(),
                 all ? "" : " (--all lists every file)");
   } else {
     std::size_t name_w = 4;
@@ -166,8 +167,12 @@ int run_ls(const std::string& dir, bool json, bool all, const Style& style) {
         orphaned_bytes += s->allocated;
       }
     }
-    std::printf("\n%zu segment(s) in %s, %s in memory", shown.size(), c.dir.c_str(),
-                ferry::format_bytes(total).c_str());
+    const auto memfds = std::count_if(shown.begin(), shown.end(),
+                                      [](const ferry::ShmSegment* s) { return s->memfd; });
+    std::printf("\n%zu segment(s) in %s", shown.size() - static_cast<std::size_t>(memfds),
+                c.dir.c_str());
+    if (memfds) std::printf(" and %zu memfd(s)", static_cast<std::size_t>(memfds));
+    std::printf(", %s in memory", ferry::format_bytes(total).c_str());
     if (orphaned) {
       std::printf("; %llu orphaned (%s): ferry-shm clean removes them",
                   static_cast<unsigned long long>(orphaned),

@@ -36,9 +36,13 @@ struct Entry {
   std::set<pid_t> holders;
 };
 
+// ferry's memfds, as /proc shows them: "/memfd:ferry-segment (deleted)", on the kernel's own shm
+// mount, in no directory.
+constexpr const char* kFerryMemfd = "/memfd:ferry-";
+
 struct Scan {
   std::string dir;     // as given
-  std::string prefix;  // its real path + "/", as /proc shows paths
+  std::string prefix;  // its real path + "/", as /proc shows paths; empty when it does not exist
   dev_t dev = 0;
   std::map<FileKey, Entry> entries;
   std::vector<UnreadableProcess> unreadable;
@@ -161,13 +165,18 @@ void fill_from_stat(ShmSegment& seg, const struct stat& st) {
   seg.uid = st.st_uid;
 }
 
+bool in_dir(const Scan& scan, const std::string& path) {
+  return !scan.prefix.empty() && starts_with(path, scan.prefix);
+}
+
 // A segment seen only through a process: its name is the path /proc shows, less the directory
-// and the " (deleted)" mark of an unlinked file.
+// (or a memfd's leading "/") and the " (deleted)" mark of an unlinked file.
 Entry& entry_for(Scan& scan, const FileKey& key, const std::string& path) {
   auto it = scan.entries.find(key);
   if (it != scan.entries.end()) return it->second;
   Entry& e = scan.entries[key];
-  std::string name = path.substr(scan.prefix.size());
+  const bool memfd = starts_with(path, kFerryMemfd);
+  std::string name = path.substr(memfd ? 1 : scan.prefix.size());
   const std::string deleted = " (deleted)";
   if (name.size() > deleted.size() &&
       name.compare(name.size() - deleted.size(), deleted.size(), deleted) == 0) {
@@ -175,7 +184,12 @@ Entry& entry_for(Scan& scan, const FileKey& key, const std::string& path) {
   }
   e.seg.name = name;
   e.seg.inode = key.second;
-  std::tie(e.seg.kind, e.seg.name_pid) = parse_name(name);
+  e.seg.memfd = memfd;
+  if (memfd) {
+    e.seg.kind = "ferry";
+  } else {
+    std::tie(e.seg.kind, e.seg.name_pid) = parse_name(name);
+  }
   return e;
 }
 
@@ -209,9 +223,11 @@ bool scan_fds(Scan& scan, pid_t pid, const std::string& proc) {
     if (n < 0 && (errno == EACCES || errno == EPERM)) return false;
     if (n <= 0) continue;
     target[n] = '\0';
-    if (!starts_with(target, scan.prefix)) continue;
+    const bool memfd = starts_with(target, kFerryMemfd);
+    if (!memfd && !in_dir(scan, target)) continue;
     struct stat st {};
-    if (::stat(link.c_str(), &st) != 0 || st.st_dev != scan.dev || !S_ISREG(st.st_mode)) continue;
+    if (::stat(link.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (!memfd && st.st_dev != scan.dev) continue;
     Entry& e = entry_for(scan, {st.st_dev, st.st_ino}, target);
     if (!e.seg.named) fill_from_stat(e.seg, st);
     e.holders.insert(pid);
@@ -238,8 +254,9 @@ bool scan_maps(Scan& scan, pid_t pid, const std::string& proc) {
     std::string path = line + path_at;
     while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
     if (path.find("/libferry_ipc") != std::string::npos) scan.ferry_pids.insert(pid);
-    if (!starts_with(path, scan.prefix) || makedev(major, minor) != scan.dev) continue;
-    Entry& e = entry_for(scan, {scan.dev, inode}, path);
+    const bool memfd = starts_with(path, kFerryMemfd);
+    if (!memfd && (!in_dir(scan, path) || makedev(major, minor) != scan.dev)) continue;
+    Entry& e = entry_for(scan, {makedev(major, minor), inode}, path);
     if (!e.seg.named && e.seg.size == 0) {
       // map_files gives the file itself (privileged); otherwise the size stays unknown.
       char range[64];
@@ -312,11 +329,13 @@ ShmCensus take_shm_census(const std::string& dir) {
   ShmCensus census;
   census.dir = scan.dir;
   struct stat st {};
-  if (::stat(scan.dir.c_str(), &st) != 0) return census;
-  scan.dev = st.st_dev;
-  char real[PATH_MAX];
-  scan.prefix = std::string(::realpath(scan.dir.c_str(), real) ? real : scan.dir.c_str());
-  if (scan.prefix.empty() || scan.prefix.back() != '/') scan.prefix += '/';
+  // Without the directory there are still the memfds to list.
+  if (::stat(scan.dir.c_str(), &st) == 0) {
+    scan.dev = st.st_dev;
+    char real[PATH_MAX];
+    scan.prefix = std::string(::realpath(scan.dir.c_str(), real) ? real : scan.dir.c_str());
+    if (scan.prefix.empty() || scan.prefix.back() != '/') scan.prefix += '/';
+  }
   scan.hidepid = proc_hides_others();
   scan.reader = reader_rights();
 
@@ -382,6 +401,7 @@ std::string to_json(const ShmCensus& census, bool include_other, int indent) {
     segments.push_back({{"name", s.name},
                         {"kind", s.kind},
                         {"named", s.named},
+                        {"memfd", s.memfd},
                         {"size_bytes", s.size},
                         {"allocated_bytes", s.allocated},
                         {"inode", s.inode},

@@ -3,8 +3,10 @@
 // Named files come from the directory: ferry's `ferry-<pid>-<n>` (its fallback where O_TMPFILE
 // is missing, normally unlinked at once), PyTorch's `torch_<pid>_<random>[_<n>]` (its
 // file_system strategy and CUDA ref-counter files), and anything else. Segments without a name
-// (ferry's O_TMPFILE ones, unlinked PyTorch ones) are found through the processes holding them:
-// the links in /proc/<pid>/fd and the files in /proc/<pid>/maps. A named segment is orphaned only
+// (ferry's O_TMPFILE ones and memfds, unlinked PyTorch ones) are found through the processes
+// holding them: the links in /proc/<pid>/fd and the files in /proc/<pid>/maps. ferry's memfds
+// (`memfd:ferry-segment`) are in no directory; they are listed with every directory, since their
+// memory is the job's too, and can never be orphaned. A named segment is orphaned only
 // when that can be proven: the pid in its name has exited, and no live process holds or maps it
 // among all the processes that could have it open. When some of those cannot be inspected
 // (another user's processes, a process that is not dumpable, /proc mounted with hidepid) it is
@@ -26,6 +28,7 @@ struct ShmSegment {
   std::string name;             // as in the directory; a nameless one as /proc shows it, e.g. "#41"
   std::string kind;             // "ferry", "torch" or "other"
   bool named = false;           // reachable by name in the directory (can leak)
+  bool memfd = false;           // one of ferry's memfds: in no directory, gone with its last holder
   std::uint64_t size = 0;       // st_size; 0 when it could not be read (only mapped, never held)
   std::uint64_t allocated = 0;  // bytes really taken from the tmpfs (st_blocks * 512)
   std::uint64_t inode = 0;
@@ -47,8 +50,9 @@ struct ShmCensus {
   bool hidepid = false;           // /proc hides other users' processes from us
 };
 
-// Lists the segments in `dir` (empty: default_shm_dir()) and those of it that live processes
-// hold or map, each classified. Reads only; needs no privileges (it says what it could not see).
+// Lists the segments in `dir` (empty: default_shm_dir()), those of it that live processes
+// hold or map, and ferry's memfds, each classified. Reads only; needs no privileges (it says what
+// it could not see).
 ShmCensus take_shm_census(const std::string& dir = "");
 
 struct ShmCleanOptions {

@@ -17,10 +17,11 @@
 #include <thread>
 
 #include "ipc/arena.hpp"
-#include "ipc/diag/proc_files.hpp"
 #include "ipc/diag/system_limits.hpp"
 #include "ipc/error.hpp"
 #include "ipc/ledger.hpp"
+#include "ipc/memory_room.hpp"
+#include "ipc/proc_files.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/units.hpp"
 
@@ -32,9 +33,8 @@ using diag::check_memlock;
 using diag::check_open_files;
 using diag::check_sysv;
 using diag::compute_mode_name;
-using diag::exists;
-using diag::read_u64;
-using diag::slurp;
+using proc::exists;
+using proc::slurp;
 
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
@@ -137,113 +137,77 @@ CheckItem check_dir(const std::string& dir, std::uint64_t need, DirFacts* facts)
   return item;
 }
 
+// With memfd segments the directory holds none of ferry's memory: whatever limits it, the check
+// stays ok and says so. torch.multiprocessing's own sharing still goes through it.
+CheckItem check_dir_for(const SegmentPlace& place, std::uint64_t need, DirFacts* facts) {
+  CheckItem item = check_dir(place.dir, need, facts);
+  if (place.backing != SegmentBacking::memfd) return item;
+  if (item.verdict != Verdict::ok) {
+    item.verdict = Verdict::ok;
+    item.remedy.clear();
+    item.summary += " (for torch's own shared tensors)";
+  }
+  item.summary += "; unused by ferry, whose segments are memfds";
+  return item;
+}
+
 struct CgroupFacts {
-  std::optional<std::uint64_t> headroom;  // limit - usage at the tightest level; none: unlimited
+  std::optional<std::uint64_t> headroom;  // segment_room(): the cgroup's or the machine's, tighter
+  std::string limited_by;                 // "the memory cgroup" or "the machine"
 };
 
-// The memory limit that applies to this process: the tightest (limit - usage) over its cgroup
-// and every ancestor, in cgroup v1 (memory controller) or v2. tmpfs pages are charged to the
-// cgroup of the process that first touched them, so this bounds /dev/shm whatever its size.
+// The memory limit that applies to this process (ipc/memory_room.hpp): the tightest room over its
+// cgroup and every ancestor, in cgroup v1 or v2. Shared-memory pages, memfd or tmpfs, are charged
+// to the cgroup of the process that first touched them, so this bounds every segment whatever
+// the size of /dev/shm.
 CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
   CheckItem item{"memory_cgroup", Verdict::ok, "", "", {}};
-  auto self = slurp("/proc/self/cgroup");
-  if (!self) {
-    item.summary = "cannot read /proc/self/cgroup: memory limit not checked";
+  const MemoryRoom room = read_memory_room();
+  const CgroupMemory& cg = room.cgroup;
+  facts->headroom = segment_room(room);
+  facts->limited_by =
+      cg.headroom && facts->headroom == cg.headroom ? "the memory cgroup" : "the machine";
+  item.add("machine_available_bytes",
+           room.machine ? MeasuredValue(*room.machine) : MeasuredValue());
+  const std::string machine =
+      room.machine ? "; the machine has " + format_bytes(*room.machine) + " available" : "";
+  if (cg.version == 0) {
+    item.summary = "no memory cgroup: no limit beyond the machine's memory" + machine;
     return item;
   }
-  std::string v1_path, v2_path;
-  bool have_v1 = false, have_v2 = false;
-  std::istringstream lines(*self);
-  for (std::string line; std::getline(lines, line);) {
-    const auto a = line.find(':');
-    const auto b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    const std::string path = line.substr(b + 1);
-    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
-      have_v2 = true;
-      v2_path = path;
-    }
-    std::istringstream names(controllers);
-    for (std::string c; std::getline(names, c, ',');) {
-      if (c == "memory") {
-        have_v1 = true;
-        v1_path = path;
-      }
-    }
-  }
-  std::string base, path, limit_file, usage_file;
-  if (have_v1) {
-    base = "/sys/fs/cgroup/memory";
-    path = v1_path;
-    limit_file = "memory.limit_in_bytes";
-    usage_file = "memory.usage_in_bytes";
-  } else if (have_v2 && exists("/sys/fs/cgroup/cgroup.controllers")) {
-    base = "/sys/fs/cgroup";
-    path = v2_path;
-    limit_file = "memory.max";
-    usage_file = "memory.current";
-  } else {
-    item.summary = "no memory cgroup: no limit beyond the machine's memory";
+  item.add("cgroup_version", std::int64_t{cg.version});
+  item.add("limit_bytes", cg.limit ? MeasuredValue(*cg.limit) : MeasuredValue());
+  item.add("usage_bytes", cg.usage ? MeasuredValue(*cg.usage) : MeasuredValue());
+  item.add("headroom_bytes", cg.headroom ? MeasuredValue(*cg.headroom) : MeasuredValue());
+  if (!cg.headroom) {
+    item.summary = (cg.unreadable ? "memory cgroup limit could not be read (permission denied)"
+                                  : "no memory cgroup limit") +
+                   machine;
+    if (cg.unreadable) item.verdict = Verdict::warn;
+    if (cg.unreadable) item.remedy = "run as a user that can read the cgroup's memory files";
     return item;
   }
-  item.add("cgroup_version", std::int64_t{have_v1 ? 1 : 2});
-  // Inside a container with its own cgroup namespace the path may not exist as written; the
-  // container's own cgroup is then mounted at the base.
-  std::string dir = base + (path == "/" ? "" : path);
-  if (!exists(dir)) dir = base;
-  std::optional<std::uint64_t> best_headroom, best_limit, best_usage;
-  bool unreadable = false;
-  for (;;) {
-    auto limit_text = slurp(dir + "/" + limit_file);
-    if (!limit_text && errno == EACCES) unreadable = true;
-    if (limit_text && limit_text->rfind("max", 0) != 0) {
-      auto limit = read_u64(dir + "/" + limit_file);
-      auto usage = read_u64(dir + "/" + usage_file);
-      // cgroup v1 spells "no limit" as a page-rounded LONG_MAX.
-      if (limit && *limit < (std::uint64_t{1} << 60)) {
-        const std::uint64_t u = usage.value_or(0);
-        const std::uint64_t room = *limit > u ? *limit - u : 0;
-        if (!best_headroom || room < *best_headroom) {
-          best_headroom = room;
-          best_limit = limit;
-          best_usage = u;
-        }
-      }
-    }
-    if (dir.size() <= base.size()) break;
-    dir = dir.substr(0, dir.rfind('/'));
-  }
-  item.add("limit_bytes", best_limit ? MeasuredValue(*best_limit) : MeasuredValue());
-  item.add("usage_bytes", best_usage ? MeasuredValue(*best_usage) : MeasuredValue());
-  item.add("headroom_bytes", best_headroom ? MeasuredValue(*best_headroom) : MeasuredValue());
-  facts->headroom = best_headroom;
-  if (!best_headroom) {
-    item.summary = unreadable ? "memory cgroup limit could not be read (permission denied)"
-                              : "no memory cgroup limit";
-    if (unreadable) item.verdict = Verdict::warn;
-    if (unreadable) item.remedy = "run as a user that can read the cgroup's memory files";
-    return item;
-  }
-  item.summary = "memory limit " + format_bytes(*best_limit) + ", in use " +
-                 format_bytes(*best_usage) + ", " + format_bytes(*best_headroom) +
-                 " left (tmpfs pages count against it)";
-  if (*best_headroom < need) {
+  item.summary = "memory limit " + format_bytes(*cg.limit) + ", in use " + format_bytes(*cg.usage) +
+                 ", " + format_bytes(*cg.headroom) + " left (shared memory counts against it)";
+  if (*cg.headroom < need) {
     item.verdict = Verdict::fail;
     item.summary += "; the job's " + format_bytes(need) + " of shared memory would not fit";
     item.remedy = "raise the container's memory limit by at least " +
-                  format_bytes(need - *best_headroom) +
+                  format_bytes(need - *cg.headroom) +
                   " (docker run --memory=...; Kubernetes: resources.limits.memory; an emptyDir "
                   "with medium: Memory counts against it too)";
   }
   return item;
 }
 
-CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve,
+CheckItem check_reserve(const SegmentPlace& place, std::uint64_t need, bool reserve,
                         const DirFacts& dir_facts, const CgroupFacts& cg) {
   CheckItem item{"shm_reserve", Verdict::ok, "", "", {}};
+  const std::string& dir = place.dir;
+  const bool memfd = place.backing == SegmentBacking::memfd;
   item.add("need_bytes", need);
-  if (!dir_facts.usable) {
+  item.add("backing", std::string(backing_name(place.backing)));
+  if (!memfd && !dir_facts.usable) {
     item.verdict = Verdict::fail;
     item.summary = "not attempted: " + dir + " is not usable (see shm_dir)";
     item.remedy = "fix shm_dir first";
@@ -254,13 +218,18 @@ CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve
     // Reserving past the cgroup's limit could wake the OOM killer on some other process.
     item.verdict = Verdict::fail;
     item.summary = "not attempted: " + format_bytes(need) + " exceeds the " +
-                   format_bytes(*cg.headroom) + " the memory cgroup has left (see memory_cgroup)";
+                   format_bytes(*cg.headroom) + " " + cg.limited_by +
+                   " has left (see memory_cgroup)";
     item.remedy = "raise the memory limit, or run fewer workers (--workers)";
     item.add("reserved", MeasuredValue());
     return item;
   }
   if (!reserve) {
     item.add("reserved", MeasuredValue());
+    if (memfd) {
+      item.summary = "not attempted (estimate only): memfd segments, bounded by memory_cgroup";
+      return item;
+    }
     item.summary = "not attempted (estimate only): " + format_bytes(dir_facts.free) + " free, " +
                    format_bytes(need) + " needed";
     if (dir_facts.free < need) {
@@ -273,18 +242,21 @@ CheckItem check_reserve(const std::string& dir, std::uint64_t need, bool reserve
   try {
     // A real segment, made and reserved exactly as the arena makes its own, so a success here
     // means the job's first segments will fit; nameless, so nothing is left if we die meanwhile.
-    Segment::create(static_cast<std::size_t>(need), dir);
+    Segment::create(static_cast<std::size_t>(need), place);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - start)
                         .count();
     item.add("reserved", true);
     item.add("reserve_ms", std::int64_t{ms});
-    item.summary = "reserved " + format_bytes(need) + " with posix_fallocate in " +
-                   std::to_string(ms) + " ms and released it";
+    item.summary = "reserved " + format_bytes(need) + (memfd ? " in a memfd" : "") +
+                   " with posix_fallocate in " + std::to_string(ms) + " ms and released it";
   } catch (const Error& e) {
     item.add("reserved", false);
     item.verdict = Verdict::fail;
-    if (e.code() == Errc::shm_exhausted) {
+    if (e.code() == Errc::shm_exhausted && memfd) {
+      item.summary = e.detail().substr(0, e.detail().find(". Remedy:"));
+      item.remedy = "raise the container's memory limit (docker run --memory=...)";
+    } else if (e.code() == Errc::shm_exhausted) {
       item.summary = "cannot reserve " + format_bytes(need) + " (" + std::to_string(need) +
                      " bytes): " + format_bytes(dir_facts.free) + " free";
       item.remedy = shm_remedy(dir, need);
@@ -386,16 +358,19 @@ std::uint64_t fds_needed(unsigned workers, std::uint64_t need_bytes) {
 
 ShmReport check_shm(const ShmCheckOptions& options) {
   ShmReport r;
-  r.dir = options.dir.empty() ? default_shm_dir() : options.dir;
+  const SegmentPlace place =
+      options.dir.empty() ? default_segment_place() : SegmentPlace::in_dir(options.dir);
+  r.dir = place.dir;
+  r.backing = backing_name(place.backing);
   r.workers = options.workers ? options.workers : default_workers();
   r.need_bytes = options.need_bytes ? options.need_bytes : default_shm_need(r.workers);
   r.fds_needed = fds_needed(r.workers, r.need_bytes);
 
   DirFacts dir_facts;
   CgroupFacts cg;
-  r.items.push_back(check_dir(r.dir, r.need_bytes, &dir_facts));
+  r.items.push_back(check_dir_for(place, r.need_bytes, &dir_facts));
   CheckItem cgroup = check_cgroup(r.need_bytes, &cg);
-  r.items.push_back(check_reserve(r.dir, r.need_bytes, options.reserve, dir_facts, cg));
+  r.items.push_back(check_reserve(place, r.need_bytes, options.reserve, dir_facts, cg));
   r.items.push_back(std::move(cgroup));
   r.items.push_back(check_sysv(r.need_bytes));
   r.items.push_back(check_open_files(r.fds_needed));
@@ -418,6 +393,7 @@ std::string to_json(const ShmReport& report, int indent) {
   }
   nlohmann::json doc = {{"schema", "ferry-shm-check/1"},
                         {"dir", report.dir},
+                        {"backing", report.backing},
                         {"need_bytes", report.need_bytes},
                         {"workers", report.workers},
                         {"fds_needed", report.fds_needed},

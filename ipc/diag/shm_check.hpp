@@ -25,7 +25,7 @@ namespace ferry {
 Errc failure_code(const std::string& check) noexcept;
 
 struct ShmCheckOptions {
-  std::string dir;               // empty: default_shm_dir()
+  std::string dir;               // empty: default_segment_place(); set: segments in this directory
   std::uint64_t need_bytes = 0;  // 0: default_shm_need(workers)
   unsigned workers = 0;          // 0: default_workers()
   // Really reserve need_bytes (posix_fallocate in a nameless segment, released at once).
@@ -37,6 +37,7 @@ struct ShmCheckOptions {
 
 struct ShmReport {
   std::string dir;
+  std::string backing;  // where the job's segments go: "memfd" or "dir" (segment_place.hpp)
   std::uint64_t need_bytes = 0;
   unsigned workers = 0;
   std::uint64_t fds_needed = 0;

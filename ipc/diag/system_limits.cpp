@@ -8,11 +8,13 @@
 #include <optional>
 #include <string>
 
-#include "ipc/diag/proc_files.hpp"
+#include "ipc/proc_files.hpp"
 #include "ipc/units.hpp"
 
 namespace ferry::diag {
 namespace {
+
+using proc::read_u64;
 
 // Below this, mlock()ed and RDMA-registered host memory runs out first (the usual default is
 // 8 MiB).

@@ -1,11 +1,14 @@
 #include "ipc/segment.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 
 #include "../catch.hpp"
 
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -19,6 +22,8 @@
 using ferry::Errc;
 using ferry::Error;
 using ferry::Segment;
+using ferry::SegmentBacking;
+using ferry::SegmentPlace;
 
 namespace {
 
@@ -45,12 +50,15 @@ TEST_CASE("a segment is shared memory that a forked child writes and the parent 
 }
 
 TEST_CASE("segments leave nothing in /dev/shm, even when their owner is SIGKILLed", "[segment]") {
+  const SegmentPlace place =
+      GENERATE(SegmentPlace{SegmentBacking::memfd, "/dev/shm"}, SegmentPlace::in_dir("/dev/shm"));
+  INFO("backing " << ferry::backing_name(place.backing));
   const auto before = shm_entries();
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   const pid_t child = ferry::test::fork_child([&] {
-    auto a = Segment::create(8 << 20);
-    auto b = Segment::create(1 << 20);
+    auto a = Segment::create(8 << 20, place);
+    auto b = Segment::create(1 << 20, place);
     char c = 1;
     if (::write(ready[1], &c, 1) != 1) ::_exit(3);  // never; glibc wants it checked
     ::pause();                                      // killed while holding both
@@ -107,7 +115,7 @@ TEST_CASE("fetching from an owner that exited says so", "[segment]") {
 TEST_CASE("a full /dev/shm is an error naming sizes and the remedy, never SIGBUS",
           "[segment][tmpfs]") {
   ferry::test::in_child([] {
-    const std::string dir = ferry::test::private_tmpfs(16 << 20);
+    const SegmentPlace dir = SegmentPlace::in_dir(ferry::test::private_tmpfs(16 << 20));
     auto fits = Segment::create(12 << 20, dir);
     std::memset(fits->data(), 0xab, fits->size());  // every page really is there
     try {
@@ -128,9 +136,144 @@ TEST_CASE("a full /dev/shm is an error naming sizes and the remedy, never SIGBUS
   });
 }
 
+TEST_CASE("memfd segments are not bounded by a small /dev/shm", "[segment][tmpfs]") {
+  ferry::test::in_child([] {
+    ferry::test::private_tmpfs(16 << 20, ferry::test::SegmentsIn::memfd);
+    const SegmentPlace place = ferry::default_segment_place();
+    if (place.backing != SegmentBacking::memfd) {
+      throw std::runtime_error("the default place is not a memfd where memfd_create works");
+    }
+    auto big = Segment::create(48 << 20);  // three times the 16 MiB /dev/shm
+    std::memset(big->data(), 0xab, big->size());
+    struct statvfs vfs {};
+    if (::statvfs("/dev/shm", &vfs) != 0 || vfs.f_bfree != vfs.f_blocks) {
+      throw std::runtime_error("a memfd segment took room in /dev/shm");
+    }
+    char link[64], target[256] = {};
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", big->fd());
+    if (::readlink(link, target, sizeof target - 1) <= 0 ||
+        std::string(target).rfind("/memfd:ferry-segment", 0) != 0) {
+      throw std::runtime_error(std::string("not a ferry memfd: ") + target);
+    }
+  });
+}
+
+TEST_CASE("a memfd segment is sealed: no peer can shrink or grow it under the others' mappings",
+          "[segment]") {
+  auto seg = Segment::create(1 << 20, SegmentPlace{SegmentBacking::memfd, "/dev/shm"});
+  errno = 0;
+  CHECK(::ftruncate(seg->fd(), 4096) == -1);
+  CHECK(errno == EPERM);
+  CHECK(::ftruncate(seg->fd(), 4 << 20) == -1);
+  CHECK(::fcntl(seg->fd(), F_ADD_SEALS, 0) == -1);  // and the seals cannot be changed
+  // A peer that attaches sees the whole size and maps it.
+  auto peer = Segment::attach(ferry::UniqueFd(::dup(seg->fd())), 1 << 20);
+  peer->data()[(1 << 20) - 1] = std::byte{7};
+  CHECK(seg->data()[(1 << 20) - 1] == std::byte{7});
+}
+
+TEST_CASE("a segment past the memory cgroup's limit is refused with the numbers, not OOM-killed",
+          "[segment][cgroup]") {
+  const SegmentPlace place =
+      GENERATE(SegmentPlace{SegmentBacking::memfd, "/dev/shm"}, SegmentPlace::in_dir("/dev/shm"));
+  INFO("backing " << ferry::backing_name(place.backing));
+  std::string why;
+  const std::string cg = ferry::test::make_memory_cgroup(48 << 20, &why);
+  if (cg.empty()) {
+    WARN("SKIP: " << why);
+    return;
+  }
+  const int code = ferry::test::wait_child(ferry::test::fork_child([&] {
+    std::ofstream(cg + "/cgroup.procs") << ::getpid();
+    auto fits = Segment::create(8 << 20, place);
+    std::memset(fits->data(), 1, fits->size());
+    try {
+      Segment::create(128 << 20, place);
+      throw std::runtime_error("128 MiB fit a 48 MiB cgroup");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (e.code() != Errc::shm_exhausted) throw;
+      for (const char* needle :
+           {"128.0 MiB", "134217728 bytes", "memory cgroup has", "48.0 MiB limit", "--memory="}) {
+        if (what.find(needle) == std::string::npos) {
+          throw std::runtime_error("message lacks '" + std::string(needle) + "': " + what);
+        }
+      }
+    }
+  }));
+  for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
+  REQUIRE(code == 0);  // a SIGKILL from the OOM killer would be 128 + 9
+}
+
+TEST_CASE("where segments go: one rule, a case each", "[segment][place]") {
+  using ferry::choose_backing;
+  SECTION("auto takes a memfd where the kernel allows it") {
+    CHECK(choose_backing("auto", false, true) == SegmentBacking::memfd);
+    CHECK(choose_backing("", false, true) == SegmentBacking::memfd);
+  }
+  SECTION("auto takes the directory someone named (FERRY_SHM_DIR)") {
+    CHECK(choose_backing("auto", true, true) == SegmentBacking::dir);
+  }
+  SECTION("auto falls back to the directory where memfd_create is refused") {
+    CHECK(choose_backing("auto", false, false) == SegmentBacking::dir);
+  }
+  SECTION("dir is always the directory") {
+    CHECK(choose_backing("dir", false, true) == SegmentBacking::dir);
+  }
+  SECTION("memfd is a memfd, even with a directory named") {
+    CHECK(choose_backing("memfd", true, true) == SegmentBacking::memfd);
+  }
+  SECTION("memfd where it is refused is an error with the remedy") {
+    try {
+      choose_backing("memfd", false, false);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::shm_failed);
+      CHECK_THAT(e.what(),
+                 Catch::Contains("memfd_create") && Catch::Contains("unset FERRY_SHM_BACKING"));
+    }
+  }
+  SECTION("anything else names the value and what is accepted") {
+    REQUIRE_THROWS_WITH(choose_backing("tmpfs", false, true),
+                        Catch::Contains("'tmpfs'") && Catch::Contains("auto, memfd or dir"));
+  }
+}
+
+TEST_CASE("the place comes from FERRY_SHM_BACKING and FERRY_SHM_DIR", "[segment][place]") {
+  ferry::test::in_child([] {
+    ::unsetenv("FERRY_SHM_DIR");
+    ::unsetenv("FERRY_SHM_BACKING");
+    const bool memfd = ferry::memfd_works();
+    SegmentPlace p = ferry::default_segment_place();
+    if (p.backing != (memfd ? SegmentBacking::memfd : SegmentBacking::dir) || p.dir != "/dev/shm") {
+      throw std::runtime_error("default place: " + p.describe());
+    }
+    ::setenv("FERRY_SHM_DIR", "/tmp", 1);
+    p = ferry::default_segment_place();
+    if (p.backing != SegmentBacking::dir || p.dir != "/tmp") {
+      throw std::runtime_error("FERRY_SHM_DIR=/tmp: " + p.describe());
+    }
+    ::setenv("FERRY_SHM_BACKING", "DIR", 1);  // any case
+    ::unsetenv("FERRY_SHM_DIR");
+    if (ferry::default_segment_place().backing != SegmentBacking::dir) {
+      throw std::runtime_error("FERRY_SHM_BACKING=DIR");
+    }
+    ::setenv("FERRY_SHM_BACKING", "shm", 1);
+    try {
+      ferry::default_segment_place();
+      throw std::runtime_error("FERRY_SHM_BACKING=shm accepted");
+    } catch (const Error& e) {
+      if (e.code() != Errc::invalid_argument ||
+          std::string(e.what()).find("FERRY_SHM_BACKING") == std::string::npos) {
+        throw;
+      }
+    }
+  });
+}
+
 TEST_CASE("a segment in an unusable directory names it", "[segment]") {
   try {
-    Segment::create(4096, "/nonexistent-ferry-dir");
+    Segment::create(4096, SegmentPlace::in_dir("/nonexistent-ferry-dir"));
     FAIL("no error");
   } catch (const Error& e) {
     REQUIRE(e.code() == Errc::shm_failed);

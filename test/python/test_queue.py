@@ -343,8 +343,15 @@ def _ferry_fds():
 
 
 def _shm_mappings():
+    """(inode, path) of each shared-memory segment this process maps: ferry's memfds all have the
+    one path, so the inode tells them apart."""
+    out = set()
     with open("/proc/self/maps") as maps:
-        return {line.split(None, 5)[-1].strip() for line in maps if shm_dir() + "/" in line}
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith((shm_dir() + "/", "/memfd:ferry-")):
+                out.add((parts[4], parts[5].strip()))
+    return out
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

@@ -53,9 +53,8 @@ std::vector<Mapping> mappings() {
   return out;
 }
 
-// ferry's segments are nameless files on the shm filesystem: "/dev/shm/#1234 (deleted)".
 bool is_segment(const Mapping& m) {
-  return m.path.rfind(ferry::default_shm_dir() + "/", 0) == 0;
+  return ferry::test::is_segment_path(m.path, ferry::default_shm_dir());
 }
 
 std::set<unsigned long> mapped_segments() {

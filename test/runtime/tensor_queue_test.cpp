@@ -7,6 +7,8 @@
 
 #include <torch/version.h>
 
+#include <sstream>
+
 #include "../test_util.hpp"
 #include "ipc/env.hpp"
 #include "ipc/stats.hpp"
@@ -79,17 +81,19 @@ std::vector<std::string> wait_for_fds_of(const std::map<int, std::string>& befor
   return left;
 }
 
-// Mappings of shared-memory files in this process.
+// Mappings of shared-memory segments in this process.
 std::size_t shm_mappings() {
-  const std::string dir = ferry::env::text("FERRY_SHM_DIR", "/dev/shm") + "/";
+  const std::string dir = ferry::env::text("FERRY_SHM_DIR", "/dev/shm");
   const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   std::string maps;
   char buf[65536];
   for (ssize_t n; fd >= 0 && (n = ::read(fd, buf, sizeof buf)) > 0;) maps.append(buf, n);
   if (fd >= 0) ::close(fd);
   std::size_t count = 0;
-  for (std::size_t at = maps.find(dir); at != std::string::npos; at = maps.find(dir, at + 1)) {
-    ++count;
+  std::istringstream lines(maps);
+  for (std::string line; std::getline(lines, line);) {
+    const auto path = line.find('/');
+    if (path != std::string::npos && ferry::test::is_segment_path(line.substr(path), dir)) ++count;
   }
   return count;
 }

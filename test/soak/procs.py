@@ -68,8 +68,9 @@ def memory(pid):
 
 
 def shm_mapped(pid, shm_dir="/dev/shm"):
-    """{(device, inode): bytes mapped} for the shm segments `pid` maps (the largest mapping of
-    each; ferry's segments have no name once made); None when `pid` is gone. Their sum is what
+    """{(device, inode): bytes mapped} for the shm segments `pid` maps, files in `shm_dir` or
+    ferry's memfds (the largest mapping of each; ferry's segments have no name once made); None
+    when `pid` is gone. Their sum is what
     `pid` keeps alive: RssShmem counts only the pages it touched, but a segment is reserved whole
     (fallocate), so a segment mapped for one small tensor holds all of its memory."""
     sizes = {}
@@ -77,7 +78,7 @@ def shm_mapped(pid, shm_dir="/dev/shm"):
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 parts = line.split(None, 5)
-                if len(parts) < 6 or not parts[5].startswith(shm_dir + "/"):
+                if len(parts) < 6 or not parts[5].startswith((shm_dir + "/", "/memfd:ferry-")):
                     continue
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 key = (parts[3], parts[4])  # device, inode

@@ -12,11 +12,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../test_util.hpp"
+#include "ipc/segment.hpp"
 
 namespace {
 
@@ -205,6 +207,52 @@ TEST_CASE("ferry-shm ls and clean: orphans go, live segments stay", "[tools][fer
       expect(::stat(("/dev/shm/" + orphan).c_str(), &st) != 0, "the orphan is still there");
       expect(::stat(("/dev/shm/" + live).c_str(), &st) == 0, "clean removed the live segment");
       ::close(keep);
+    });
+  });
+}
+
+TEST_CASE(
+    "with memfd segments, check measures the memory, not a 16 MiB /dev/shm, and ls lists them",
+    "[tools][ferry-shm]") {
+  ferry::test::in_child([] {
+    ferry::test::run_in_private_container(16 << 20, [] {
+      ::unsetenv("FERRY_SHM_BACKING");  // the default: memfds where the kernel allows them
+      expect(ferry::memfd_works(), "memfd_create is refused here");
+      Run check = ferry_shm({"check", "--need", "64M", "--workers", "2", "--json", "--no-cuda"});
+      expect_consistent(check);
+      auto doc = nlohmann::json::parse(check.out);
+      expect(doc.at("backing") == "memfd" && check.code != 2, check.out);
+      const auto& reserve = check_named(doc, "shm_reserve");
+      expect(reserve.at("verdict") == "ok" && reserve.at("values").at("backing") == "memfd" &&
+                 reserve.at("values").at("reserved") == true,
+             "64 MiB reserved in a memfd beside a 16 MiB /dev/shm: " + check.out);
+      const auto& dir = check_named(doc, "shm_dir");
+      expect(dir.at("verdict") == "ok" && has(dir.at("summary"), "segments are memfds"), check.out);
+      Run table = ferry_shm({"check", "--need", "64M", "--no-cuda"});
+      expect(has(table.out, "ferry-shm check: memfd segments,"), table.out);
+
+      // A live segment: listed by ls, left alone by clean.
+      auto seg = ferry::Segment::create(3 << 20);
+      std::memset(seg->data(), 1, seg->size());
+      Run ls = ferry_shm({"ls", "--json"});
+      expect(ls.code == 0, ls.err);
+      bool found = false;
+      const auto listed = nlohmann::json::parse(ls.out);
+      for (const auto& s : listed.at("segments")) {
+        if (s.at("memfd") == true && s.at("size_bytes") == (3u << 20)) {
+          expect(s.at("name") == "memfd:ferry-segment" && s.at("kind") == "ferry" &&
+                     s.at("state") == "live" && s.at("named") == false &&
+                     s.at("holders") == nlohmann::json::array({::getpid()}),
+                 ls.out);
+          found = true;
+        }
+      }
+      expect(found, "ls missed the memfd: " + ls.out);
+      Run list = ferry_shm({"ls"});
+      expect(has(list.out, "memfd:ferry-segment") && has(list.out, "memfd(s)"), list.out);
+      Run clean = ferry_shm({"clean"});
+      expect(clean.code == 0 && has(clean.out, "freed 0 B in 0"), clean.out);
+      seg->data()[0] = std::byte{2};  // still mapped, still ours
     });
   });
 }

@@ -130,8 +130,11 @@ TEST_CASE("the census tells orphaned segments from live ones, named or not", "[s
     ferry::test::run_in_private_container(32 << 20, [] {
       const Planted p = plant_mix();
       plant("sem.other", 4096);
-      // ferry's own segment: nameless, found only through this process's fds.
-      auto seg = ferry::Segment::create(3 << 20);
+      // ferry's own segments, found only through this process's fds: an O_TMPFILE file, nameless
+      // in the directory, and a memfd, in none.
+      auto seg = ferry::Segment::create(3 << 20, ferry::SegmentPlace::in_dir("/dev/shm"));
+      auto memfd = ferry::Segment::create(
+          5 << 20, ferry::SegmentPlace{ferry::SegmentBacking::memfd, "/dev/shm"});
       // PyTorch's file_descriptor strategy: named, unlinked at once, held by fd.
       const std::string unlinked = "torch_" + std::to_string(::getpid()) + "_7_0";
       const int ufd = ::open(("/dev/shm/" + unlinked).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
@@ -169,6 +172,17 @@ TEST_CASE("the census tells orphaned segments from live ones, named or not", "[s
         }
       }
       expect(found_ours, "the census missed this process's nameless segment");
+      // Every memfd has that name (this process may hold others, its children some of them).
+      bool found_memfd = false;
+      for (const auto& s : c.segments) {
+        if (s.memfd && s.size == memfd->size()) {
+          expect(s.name == "memfd:ferry-segment" && !s.named && s.kind == "ferry" &&
+                     s.state == SegmentState::live && s.holders == std::vector<pid_t>{::getpid()},
+                 "ferry's memfd: " + s.name + ", " + s.kind + ", " + s.reason);
+          found_memfd = true;
+        }
+      }
+      expect(found_memfd, "the census missed this process's memfd");
       ::close(ufd);
     });
   });
@@ -305,14 +319,20 @@ TEST_CASE("the census JSON follows its documented schema", "[shm][census]") {
     ferry::test::run_in_private_container(8 << 20, [] {
       plant("ferry-" + std::to_string(dead_pid()) + "-3", 8192);
       plant("sem.x", 4096);
-      auto seg = ferry::Segment::create(64 << 10);
+      auto seg = ferry::Segment::create(64 << 10, ferry::SegmentPlace::in_dir("/dev/shm"));
+      auto memfd = ferry::Segment::create(
+          64 << 10, ferry::SegmentPlace{ferry::SegmentBacking::memfd, "/dev/shm"});
       const ferry::ShmCensus c = ferry::take_shm_census("/dev/shm");
       const auto doc = nlohmann::json::parse(ferry::to_json(c));
       expect(doc.at("schema") == "ferry-shm-ls/1" && doc.at("dir").is_string() &&
                  doc.at("hidepid").is_boolean() && doc.at("unreadable_pids").is_array(),
              "top-level keys");
       const auto& segs = doc.at("segments");
-      expect(segs.is_array() && segs.size() == 2, "ferry's two segments, 'other' left out");
+      // ferry's two in the directory, 'other' left out; and its memfds (this one at least).
+      const auto memfds = std::count_if(
+          segs.begin(), segs.end(), [](const nlohmann::json& s) { return s.at("memfd") == true; });
+      expect(segs.is_array() && segs.size() - static_cast<std::size_t>(memfds) == 2 && memfds >= 1,
+             "ferry's segments: " + segs.dump());
       for (const auto& s : segs) {
         for (const char* k : {"name", "kind", "state", "reason"}) {
           expect(s.at(k).is_string(), std::string(k) + " is a string");
@@ -321,17 +341,19 @@ TEST_CASE("the census JSON follows its documented schema", "[shm][census]") {
           expect(s.at(k).is_number_unsigned(), std::string(k) + " is unsigned");
         }
         expect(s.at("mtime").is_number_integer() && s.at("named").is_boolean() &&
-                   s.at("holders").is_array() &&
+                   s.at("memfd").is_boolean() && s.at("holders").is_array() &&
                    (s.at("name_pid").is_null() || s.at("name_pid").is_number_integer()),
-               "mtime, named, holders, name_pid");
+               "mtime, named, memfd, holders, name_pid");
         const std::string state = s.at("state");
         expect(state == "live" || state == "orphaned" || state == "unknown", "state " + state);
       }
       const auto& t = doc.at("totals");
-      expect(t.at("segments") == 2 && t.at("orphaned") == 1 && t.at("orphaned_bytes") == 8192,
+      expect(t.at("segments") == segs.size() && t.at("orphaned") == 1 &&
+                 t.at("orphaned_bytes") == 8192,
              "totals: " + t.dump());
-      expect(nlohmann::json::parse(ferry::to_json(c, true)).at("segments").size() == 3,
-             "include_other lists sem.x too");
+      expect(
+          nlohmann::json::parse(ferry::to_json(c, true)).at("segments").size() == segs.size() + 1,
+          "include_other lists sem.x too");
     });
   });
 }

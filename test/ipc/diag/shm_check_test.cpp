@@ -65,62 +65,12 @@ ferry::ShmCheckOptions options(std::uint64_t need, const std::string& dir = "/de
   return o;
 }
 
-// A fresh memory cgroup below this process's own, limited to `limit` bytes: its directory, or
-// "" (with the reason in *why) where cgroups cannot be made here.
-std::string make_memory_cgroup(std::uint64_t limit, std::string* why) {
-  std::ifstream self("/proc/self/cgroup");
-  std::string line, v1, v2;
-  bool have_v1 = false, have_v2 = false;
-  while (std::getline(self, line)) {
-    const auto a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    const std::string path = line.substr(b + 1);
-    std::stringstream names(controllers);
-    for (std::string c; std::getline(names, c, ',');) {
-      if (c == "memory") {
-        have_v1 = true;
-        v1 = path;
-      }
-    }
-    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
-      have_v2 = true;
-      v2 = path;
-    }
-  }
-  std::string dir, limit_file;
-  if (have_v1) {
-    dir = "/sys/fs/cgroup/memory" + (v1 == "/" ? "" : v1);
-    limit_file = "memory.limit_in_bytes";
-  } else if (have_v2) {
-    dir = "/sys/fs/cgroup" + (v2 == "/" ? "" : v2);
-    limit_file = "memory.max";
-  } else {
-    *why = "no memory cgroup";
-    return "";
-  }
-  dir += "/ferry-shm-test-" + std::to_string(::getpid());
-  if (::mkdir(dir.c_str(), 0755) != 0) {
-    *why = "cannot create " + dir + ": " + std::strerror(errno);
-    return "";
-  }
-  std::ofstream(dir + "/" + limit_file) << limit;
-  std::ifstream check(dir + "/" + limit_file);
-  std::uint64_t got = 0;
-  if (!(check >> got) || got != limit) {
-    ::rmdir(dir.c_str());
-    *why = "cannot set a memory limit in " + dir;
-    return "";
-  }
-  return dir;
-}
-
 }  // namespace
 
 TEST_CASE("a memory cgroup with less room than the need fails before anything is reserved",
           "[shm][check][cgroup]") {
   std::string why;
-  const std::string cg = make_memory_cgroup(48 << 20, &why);
+  const std::string cg = ferry::test::make_memory_cgroup(48 << 20, &why);
   if (cg.empty()) {
     WARN("SKIP: " << why);
     return;
@@ -143,6 +93,43 @@ TEST_CASE("a memory cgroup with less room than the need fails before anything is
     expect(verdict_of(r, "shm_reserve") == "ok", item(r, "shm_reserve").summary);
   }));
   // The child has exited, so the cgroup is empty and can go.
+  for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
+  if (code == ferry::test::kSkip) {
+    WARN("skipped in the child (reason printed above)");
+    return;
+  }
+  REQUIRE(code == 0);
+}
+
+TEST_CASE("with memfd segments the memory cgroup is the limit that applies, not /dev/shm",
+          "[shm][check][cgroup]") {
+  std::string why;
+  const std::string cg = ferry::test::make_memory_cgroup(48 << 20, &why);
+  if (cg.empty()) {
+    WARN("SKIP: " << why);
+    return;
+  }
+  const int code = ferry::test::wait_child(ferry::test::fork_child([&] {
+    std::ofstream(cg + "/cgroup.procs") << ::getpid();
+    // A container's 16 MiB /dev/shm: with memfds it bounds nothing of ferry's.
+    ferry::test::private_tmpfs(16 << 20, ferry::test::SegmentsIn::memfd);
+    ferry::ShmCheckOptions o;  // no dir: the job's own place
+    o.need_bytes = 32 << 20;
+    o.workers = 2;
+    ferry::ShmReport r = ferry::check_shm(o);
+    expect(r.backing == "memfd", "backing " + r.backing);
+    expect(verdict_of(r, "shm_dir") == "ok", item(r, "shm_dir").summary);
+    expect_has(item(r, "shm_dir").summary, "segments are memfds");
+    expect(verdict_of(r, "shm_reserve") == "ok", item(r, "shm_reserve").summary);
+    expect_has(item(r, "shm_reserve").summary, "32.0 MiB in a memfd");
+    // Past the cgroup's room: refused before anything is reserved, the cgroup named.
+    o.need_bytes = 64 << 20;
+    r = ferry::check_shm(o);
+    expect(verdict_of(r, "memory_cgroup") == "fail", item(r, "memory_cgroup").summary);
+    expect(verdict_of(r, "shm_reserve") == "fail", item(r, "shm_reserve").summary);
+    expect_has(item(r, "shm_reserve").summary, "the memory cgroup has left");
+    expect(verdict_of(r, "shm_dir") == "ok", "the 16 MiB /dev/shm is not what failed");
+  }));
   for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
   if (code == ferry::test::kSkip) {
     WARN("skipped in the child (reason printed above)");

@@ -1,4 +1,4 @@
-#include "ipc/diag/proc_files.hpp"
+#include "ipc/proc_files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <exception>
 
-namespace ferry::diag {
+namespace ferry::proc {
 
 std::optional<std::string> slurp(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -42,4 +42,4 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-}  // namespace ferry::diag
+}  // namespace ferry::proc

@@ -1,11 +1,12 @@
-// Small reads of /proc and /sys for the diagnostics: a whole file, a number, whether a path exists.
+// Small reads of /proc and /sys, for the diagnostics and the memory headroom: a whole file, a
+// number, whether a path exists.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
-namespace ferry::diag {
+namespace ferry::proc {
 
 // The whole of a small /proc or /sys file; nullopt, with errno set, when it cannot be read.
 std::optional<std::string> slurp(const std::string& path);
@@ -14,4 +15,4 @@ std::optional<std::uint64_t> read_u64(const std::string& path);
 // Whether `path` exists (stat succeeds).
 bool exists(const std::string& path);
 
-}  // namespace ferry::diag
+}  // namespace ferry::proc
