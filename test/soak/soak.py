@@ -183,7 +183,9 @@ def main(argv):
     except ImportError:
         print(f"SKIP: {sys.executable} has no torch (apt-get install python3-torch)", flush=True)
         return 77
-    os.environ.pop("FERRY_SHM_DIR", None)  # every scenario's segments go to the private tmpfs
+    # Every scenario's segments go to the private tmpfs, as files, where its size is measured.
+    os.environ.pop("FERRY_SHM_DIR", None)
+    os.environ["FERRY_SHM_BACKING"] = "dir"
     ctx = Context(args)
     params = scenario_params(args)
     revision = commit()  # now: the code that runs, not what the tree holds by the end
