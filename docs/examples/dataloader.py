@@ -9,6 +9,12 @@ workers see no GPU, so a script whose import touches CUDA costs no CUDA context 
     python3 dataloader.py                       # fork, 2 workers, 8 batches of 64x3x224x224
     python3 dataloader.py --start spawn --workers 4 --batches 16
     python3 dataloader.py --context torch       # the same with torch's own context
+
+In a container's default 64 MiB /dev/shm (docker run --shm-size=64m, or no --shm-size at all) the
+two differ most: ferry's batches live in memfds, which only the container's memory limit bounds,
+so the loader finishes; torch's go to /dev/shm, where two batches of 38 MB do not fit, and the
+loop ends with "DataLoader worker (pid N) is killed by signal: Bus error" or "No space left on
+device" from a worker.
 """
 
 import argparse

@@ -1,12 +1,16 @@
-"""A data-loading worker in a container's default /dev/shm (64 MiB): a clear error, no Bus error.
+"""A data-loading worker in a container's default /dev/shm (64 MiB): every batch, or a clear error.
 
-The loader puts 16 MiB batches ahead of a slow trainer. With torch.multiprocessing in a 64 MiB
-/dev/shm this dies with "Bus error" (or "unable to write to file"), far from the cause. ferry
-reserves shared memory when it is allocated, so the put that does not fit fails at once with
-the sizes and the remedy (docker run --shm-size=..., --ipc=host), and the trainer gets told.
+The loader puts 16 MiB batches ahead of a slow trainer that keeps them all. With
+torch.multiprocessing in a 64 MiB /dev/shm this dies with "Bus error" (or "unable to write to
+file"), far from the cause. ferry's segments are memfds, charged to the container's memory limit
+and not to /dev/shm, so here every batch arrives. Where segments must be files in /dev/shm
+(FERRY_SHM_BACKING=dir, or a kernel without memfd_create), ferry reserves shared memory when it is
+allocated, so the put that does not fit fails at once with the sizes and the remedy (docker run
+--shm-size=..., --ipc=host), and the trainer gets told.
 
-    python3 small_shm.py                  # on a machine with room: every batch arrives
-    docker run --shm-size=64m ... python3 small_shm.py   # the clear error
+    python3 small_shm.py                                   # every batch arrives
+    docker run --shm-size=64m ... python3 small_shm.py     # every batch arrives too
+    docker run --shm-size=64m -e FERRY_SHM_BACKING=dir ... python3 small_shm.py   # the clear error
 """
 
 import argparse

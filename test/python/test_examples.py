@@ -10,9 +10,9 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "examples")
 
 
-def run(args, timeout=240, prefix=()):
+def run(args, timeout=240, prefix=(), **env):
     return subprocess.run([*prefix, sys.executable, *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+                          timeout=timeout, env=dict(os.environ, **env))
 
 
 def example(name):
@@ -32,20 +32,37 @@ def test_a_consumer_updates_the_producers_tensors_in_place():
     assert "updated_in_place=yes shared=True copied_bytes=0" in r.stdout
 
 
-def test_a_loader_in_a_container_sized_dev_shm_gets_a_clear_error_not_a_bus_error():
+def private_dev_shm(size="64m"):
+    """A command prefix that runs its command with a private tmpfs of `size` on /dev/shm (a
+    container's), then prints how many entries were left in it; skips where it cannot."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) to mount a private 64 MiB /dev/shm")
-    mount = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"')
-    probe = subprocess.run([*mount, "true"], capture_output=True, text=True)
+        pytest.skip(f"needs root and unshare(1) to mount a private {size} /dev/shm")
+    prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
+              f'mount -t tmpfs -o size={size} tmpfs /dev/shm || exit 99; "$0" "$@"; rc=$?; '
+              'echo "dev_shm_left=$(ls -A /dev/shm | wc -l)"; exit $rc')
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot make a private tmpfs here: {probe.stderr.strip()}")
-    r = run([example("small_shm.py"), "--batches", "8"], prefix=mount)
+    return prefix
+
+
+def test_a_loader_in_a_container_sized_dev_shm_delivers_every_batch_through_memfds():
+    r = run([example("small_shm.py"), "--batches", "8"], prefix=private_dev_shm())
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out  # 128 MiB kept by the trainer: six times more than fits
+    assert "batches=8 loaded=yes" in r.stdout and "dev_shm_left=0" in r.stdout, out
+
+
+def test_a_loader_with_segments_in_a_full_dev_shm_gets_a_clear_error_not_a_bus_error():
+    # The fallback: segments are files in /dev/shm.
+    r = run([example("small_shm.py"), "--batches", "8"], prefix=private_dev_shm(),
+            FERRY_SHM_BACKING="dir")
     out = r.stdout + r.stderr
     assert r.returncode == 3, out  # the example's own failure, not a signal (SIGBUS: -7)
     assert "shm_exhausted" in out and "--shm-size" in out and "bytes" in out
     assert "Bus error" not in out
     assert "check_shm: shm_reserve: fail" in r.stdout  # said before anything was started
+    assert "dev_shm_left=0" in r.stdout
 
 
 def test_the_same_loader_with_room_delivers_every_batch():
@@ -59,6 +76,25 @@ def test_a_dataloader_with_ferrys_context_moves_38_mb_batches(start):
     r = run([example("dataloader.py"), "--start", start, "--batches", "3"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"context=ferry start={start} workers=2 batches=3 batch_mb=38.5 samples=192" in r.stdout
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_dataloader_of_38_mb_batches_in_a_64_mib_dev_shm_finishes_with_ferrys_context(start):
+    r = run([example("dataloader.py"), "--start", start, "--batches", "4"],
+            prefix=private_dev_shm())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"context=ferry start={start} workers=2 batches=4 batch_mb=38.5 samples=256" in r.stdout
+    assert "dev_shm_left=0" in r.stdout  # nothing left behind
+
+
+def test_the_same_dataloader_with_torchs_context_dies_in_a_64_mib_dev_shm():
+    r = run([example("dataloader.py"), "--context", "torch", "--batches", "4"],
+            prefix=private_dev_shm())
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    # How it dies depends on the PyTorch: a worker killed by SIGBUS, or its error on the write.
+    assert any(m in out for m in ("Bus error", "No space left on device",
+                                  "unable to allocate shared memory", "unable to write")), out
 
 
 def test_the_same_dataloader_with_torchs_spawn_context_cannot_pickle_its_lambda():
