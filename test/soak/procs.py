@@ -173,10 +173,13 @@ def shm_used(path="/dev/shm"):
 
 def ferry_segments(ferry_shm, path="/dev/shm"):
     """ferry's segments in `path` as `ferry-shm ls --json` lists them: named ones, and nameless
-    ones some live process still holds or maps."""
+    ones some live process still holds or maps. Its memfds are left out: the scenarios make
+    their segments as files here (FERRY_SHM_BACKING=dir), and the memfds ls lists are any
+    process's on the machine, other tests' among them."""
     r = subprocess.run([ferry_shm, "ls", "--json", "--dir", path], capture_output=True,
                        text=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"ferry-shm ls failed ({r.returncode}): {r.stderr.strip()}")
     doc = json.loads(r.stdout)
-    return [s for s in doc.get("segments", []) if s.get("kind") == "ferry"]
+    return [s for s in doc.get("segments", [])
+            if s.get("kind") == "ferry" and not s.get("memfd")]
