@@ -228,7 +228,9 @@ int main(int argc, char** argv) {
 
   // `check` is the default, so its options are accepted without the word too.
   auto add_check_options = [&](CLI::App* a) {
-    a->add_option("--dir", dir, "shm directory (default: $FERRY_SHM_DIR or /dev/shm)");
+    a->add_option("--dir", dir,
+                  "check segments as files in this directory (default: where the job's would "
+                  "go: memfds, or $FERRY_SHM_DIR or /dev/shm; FERRY_SHM_BACKING)");
     a->add_option("--need", need_text,
                   "shared memory to reserve and check, e.g. 512M, 1.5GiB (default: what ferry "
                   "run would use with --workers workers)");
