@@ -21,6 +21,12 @@ neither inherits the other's state. Rows:
                   median of 5; then a small MLP (Linear(256, 512), ReLU, Linear(512, 256), built
                   once per worker) over 64 x 256 float inputs already in shared memory, imap with
                   chunksize 1, tasks/s, median of 3.
+  dataloader      torch's DataLoader of 64x3x224x224 float32 batches (38.5 MB), 2 workers,
+                  persistent, fork on both sides: multiprocessing_context=ferry.get_context()
+                  against torch's default context. An epoch warms the workers up, then batches
+                  are timed at the training loop, which only reads one element of each: samples/s
+                  (median of repeats) and CPU seconds per batch of the loop's process and the
+                  workers together (/proc/<pid>/stat).
 
 Every ratio is ferry's advantage: torch / ferry for times, ferry / torch for rates. A MISS is
 information, not a failure: the run exits 0 when every measurement ran and 1 when one failed
@@ -54,10 +60,12 @@ DEADLINE = {"full": 900, "quick": 180}
 
 QUICK = {"rt_trips": 200, "rt_cap": 0.15, "fw_trips": 50, "fw_cap": 0.1, "tp_bytes": 16 * MIB,
          "tp_max": 200, "tp_cap": 0.15, "tp_repeats": 1, "noop_tasks": 40, "noop_repeats": 5,
-         "apply_calls": 20, "mlp_tasks": 16, "mlp_repeats": 1}
+         "apply_calls": 20, "mlp_tasks": 16, "mlp_repeats": 1, "loader_batches": 3,
+         "loader_repeats": 1}
 FULL = {"rt_trips": 2000, "rt_cap": 2.0, "fw_trips": 500, "fw_cap": 1.0, "tp_bytes": 256 * MIB,
         "tp_max": 4000, "tp_cap": 1.5, "tp_repeats": 3, "noop_tasks": 1000, "noop_repeats": 5,
-        "apply_calls": 500, "mlp_tasks": 150, "mlp_repeats": 3}
+        "apply_calls": 500, "mlp_tasks": 150, "mlp_repeats": 3, "loader_batches": 20,
+        "loader_repeats": 3}
 RT_SIZES = [4 * KIB, MIB]
 TP_SIZES = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
 TP_MIN_MESSAGES = 5  # a time cap never cuts a throughput run below this
@@ -67,6 +75,8 @@ POOL_WORKERS = 2
 MLP_INPUTS = 16  # distinct input tensors, cycled: torch keeps a descriptor open per storage
 GOAL_ROUND_TRIP = 20.0
 GOAL_THROUGHPUT = 3.0
+GOAL_POOL = 1.0  # ferry.Pool's empty task at least as fast as torch's (the issue's aim: 2x)
+GOAL_LOADER = 2.0
 
 
 class Failed(Exception):
@@ -99,6 +109,20 @@ def mlp_task(x):
 
 def torch_worker_init():
     torch.set_num_threads(1)
+
+
+class Images(torch.utils.data.Dataset):
+    """Fake 224x224 RGB images: a worker's per-sample work is one fill, so the loader's cost is
+    what moving the batch costs."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((3, 224, 224), float(i % 251)), i
 
 
 def _counters(stats):
@@ -548,7 +572,8 @@ def pool_rows(report, cfg, results):
                     times[kind].append(s / cfg["noop_tasks"] * 1e6)
             results[label] = times
             us = {k: statistics.median(v) for k, v in times.items()}
-            report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"])
+            report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"],
+                       GOAL_POOL)
         except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
             report.fail(label, e)
 
@@ -606,6 +631,76 @@ def pool_rows(report, cfg, results):
             CHILDREN.discard(*(p.pid for p in procs if not p.is_alive()))
 
 
+def _process_cpu(pid):
+    """CPU seconds (user + system) `pid` has used; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _loader_epoch(it, batches, batch):
+    """Takes `batches` batches from the iterator `it`, checking each; returns (seconds, CPU
+    seconds of this process and the loader's workers)."""
+    import resource
+
+    workers = [w.pid for w in it._workers]
+    cpu0 = sum(_process_cpu(p) for p in workers)
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        images, labels = next(it)
+        if images.shape != (batch, 3, 224, 224) or images[0, 0, 0, 0] != labels[0] % 251:
+            raise Failed(f"dataloader: a wrong batch ({tuple(images.shape)})")
+    seconds = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime +
+           sum(_process_cpu(p) for p in workers) - cpu0)
+    return seconds, cpu
+
+
+def loader_rows(report, cfg, results):
+    import ferry
+    from torch.utils.data import DataLoader
+
+    batch, batches = 64, cfg["loader_batches"]
+    label = "dataloader 38.5 MB batches, 2 workers, samples/s"
+    try:
+        rates = {"ferry": [], "torch": []}
+        cpu = {"ferry": [], "torch": []}
+        for kind in ("ferry", "torch"):
+            ctx = ferry.get_context("fork") if kind == "ferry" else None
+            # Enough samples for every repeat plus the warm-up, in one epoch of persistent workers.
+            n = batch * batches * (cfg["loader_repeats"] + 1)
+            loader = DataLoader(Images(n), batch_size=batch, num_workers=POOL_WORKERS,
+                                persistent_workers=True, multiprocessing_context=ctx,
+                                timeout=TIMEOUT)
+            it = iter(loader)
+            CHILDREN.add(*(w.pid for w in it._workers))
+            try:
+                _loader_epoch(it, batches, batch)  # warm-up: workers started, memory touched
+                for _ in range(cfg["loader_repeats"]):
+                    seconds, cpu_s = _loader_epoch(it, batches, batch)
+                    rates[kind].append(batch * batches / seconds)
+                    cpu[kind].append(cpu_s / batches)
+            finally:
+                pids = [w.pid for w in it._workers]
+                it._shutdown_workers()
+                del it, loader
+                CHILDREN.discard(*pids)
+        results[label] = {"samples_per_s": rates, "cpu_s_per_batch": cpu}
+        r = {k: statistics.median(v) for k, v in rates.items()}
+        c = {k: statistics.median(v) for k, v in cpu.items()}
+        report.add(label, "samples/s", r["ferry"], r["torch"], r["ferry"] / r["torch"],
+                   GOAL_LOADER)
+        report.add("dataloader CPU s per batch (loop + workers)", "s", c["ferry"], c["torch"],
+                   c["torch"] / c["ferry"])
+    except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
+        report.fail(label, e)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
@@ -633,6 +728,7 @@ def main(argv):
         import ferry  # noqa: F401 - fail here, with its own message, when it cannot be imported
         queue_rows(report, cfg, results)
         pool_rows(report, cfg, results)
+        loader_rows(report, cfg, results)
     except Exception as e:  # noqa: BLE001 - reported, then exit 1
         report.fail("run", f"{e}\n{traceback.format_exc()}")
     finally:
@@ -652,7 +748,8 @@ def main(argv):
     if args.json:
         doc = {"machine": info, "quick": args.quick, "config": cfg, "seconds": seconds,
                "load": load,
-               "goals": {"round_trip": GOAL_ROUND_TRIP, "throughput": GOAL_THROUGHPUT},
+               "goals": {"round_trip": GOAL_ROUND_TRIP, "throughput": GOAL_THROUGHPUT,
+                         "pool": GOAL_POOL, "loader": GOAL_LOADER},
                "rows": report.rows, "measurements": results, "failures": report.failures}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2, default=str)
