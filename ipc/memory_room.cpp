@@ -61,42 +61,42 @@ CgroupPaths cgroup_paths(const std::string& self) {
   return p;
 }
 
+// Where each cgroup version keeps what is read here.
+struct CgroupFiles {
+  int version;
+  const char* base;
+  const char* limit;
+  const char* usage;
+  const char* inactive;  // the inactive file cache's key in memory.stat
+};
+constexpr CgroupFiles kV1{1, "/sys/fs/cgroup/memory", "memory.limit_in_bytes",
+                          "memory.usage_in_bytes", "total_inactive_file"};
+constexpr CgroupFiles kV2{2, "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"};
+
 CgroupMemory read_cgroup() {
   CgroupMemory cg;
   const auto self = slurp("/proc/self/cgroup");
   if (!self) return cg;
   const CgroupPaths p = cgroup_paths(*self);
-  std::string base, path, limit_file, usage_file, inactive_key;
-  if (p.v1) {
-    cg.version = 1;
-    base = "/sys/fs/cgroup/memory";
-    path = p.v1_path;
-    limit_file = "memory.limit_in_bytes";
-    usage_file = "memory.usage_in_bytes";
-    inactive_key = "total_inactive_file";
-  } else if (p.v2 && exists("/sys/fs/cgroup/cgroup.controllers")) {
-    cg.version = 2;
-    base = "/sys/fs/cgroup";
-    path = p.v2_path;
-    limit_file = "memory.max";
-    usage_file = "memory.current";
-    inactive_key = "inactive_file";
-  } else {
-    return cg;
-  }
+  const bool v2 = !p.v1 && p.v2 && exists("/sys/fs/cgroup/cgroup.controllers");
+  if (!p.v1 && !v2) return cg;
+  const CgroupFiles& files = p.v1 ? kV1 : kV2;
+  cg.version = files.version;
+  const std::string base = files.base;
+  const std::string path = p.v1 ? p.v1_path : p.v2_path;
   // Inside a container with its own cgroup namespace the path may not exist as written; the
   // container's own cgroup is then mounted at the base.
   std::string dir = base + (path == "/" ? "" : path);
   if (!exists(dir)) dir = base;
   for (;;) {
-    const auto limit_text = slurp(dir + "/" + limit_file);
+    const auto limit_text = slurp(dir + "/" + files.limit);
     if (!limit_text && errno == EACCES) cg.unreadable = true;
-    const auto limit = limit_text ? read_u64(dir + "/" + limit_file) : std::nullopt;
+    const auto limit = limit_text ? read_u64(dir + "/" + files.limit) : std::nullopt;
     if (limit && *limit < kNoLimit) {
-      std::uint64_t used = read_u64(dir + "/" + usage_file).value_or(0);
+      std::uint64_t used = read_u64(dir + "/" + files.usage).value_or(0);
       // Clean file cache is dropped before anything is killed, so it is room too.
       if (const auto stat = slurp(dir + "/memory.stat")) {
-        const std::uint64_t inactive = field(*stat, inactive_key).value_or(0);
+        const std::uint64_t inactive = field(*stat, files.inactive).value_or(0);
         used = used > inactive ? used - inactive : 0;
       }
       const std::uint64_t room = *limit > used ? *limit - used : 0;

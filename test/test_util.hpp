@@ -176,6 +176,29 @@ inline std::string make_memory_cgroup(std::uint64_t limit, std::string* why) {
   return dir;
 }
 
+// Runs `fn` in a forked child moved into a fresh memory cgroup of `limit` bytes, then removes
+// the cgroup. Where no cgroup can be made here, or the child exits with kSkip, the test passes
+// with a visible note; any other exit but 0 fails it (a SIGKILL from the OOM killer among them).
+inline void in_memory_cgroup(std::uint64_t limit, const std::function<void()>& fn) {
+  std::string why;
+  const std::string cg = make_memory_cgroup(limit, &why);
+  if (cg.empty()) {
+    WARN("SKIP: " << why);
+    return;
+  }
+  const int code = wait_child(fork_child([&] {
+    std::ofstream(cg + "/cgroup.procs") << ::getpid();
+    fn();
+  }));
+  // The child has exited, so the cgroup is empty and can go.
+  for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
+  if (code == kSkip) {
+    WARN("skipped in the child (reason printed above)");
+    return;
+  }
+  REQUIRE(code == 0);
+}
+
 }  // namespace ferry::test
 
 namespace ferry::test {

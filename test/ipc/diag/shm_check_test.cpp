@@ -69,14 +69,7 @@ ferry::ShmCheckOptions options(std::uint64_t need, const std::string& dir = "/de
 
 TEST_CASE("a memory cgroup with less room than the need fails before anything is reserved",
           "[shm][check][cgroup]") {
-  std::string why;
-  const std::string cg = ferry::test::make_memory_cgroup(48 << 20, &why);
-  if (cg.empty()) {
-    WARN("SKIP: " << why);
-    return;
-  }
-  const int code = ferry::test::wait_child(ferry::test::fork_child([&] {
-    std::ofstream(cg + "/cgroup.procs") << ::getpid();
+  ferry::test::in_memory_cgroup(48 << 20, [&] {
     const std::string dir = ferry::test::private_tmpfs(512 << 20);
     ferry::ShmReport r = ferry::check_shm(options(256 << 20, dir));
     const ferry::CheckItem& m = item(r, "memory_cgroup");
@@ -91,26 +84,12 @@ TEST_CASE("a memory cgroup with less room than the need fails before anything is
     r = ferry::check_shm(options(8 << 20, dir));
     expect(verdict_of(r, "memory_cgroup") == "ok", item(r, "memory_cgroup").summary);
     expect(verdict_of(r, "shm_reserve") == "ok", item(r, "shm_reserve").summary);
-  }));
-  // The child has exited, so the cgroup is empty and can go.
-  for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
-  if (code == ferry::test::kSkip) {
-    WARN("skipped in the child (reason printed above)");
-    return;
-  }
-  REQUIRE(code == 0);
+  });
 }
 
 TEST_CASE("with memfd segments the memory cgroup is the limit that applies, not /dev/shm",
           "[shm][check][cgroup]") {
-  std::string why;
-  const std::string cg = ferry::test::make_memory_cgroup(48 << 20, &why);
-  if (cg.empty()) {
-    WARN("SKIP: " << why);
-    return;
-  }
-  const int code = ferry::test::wait_child(ferry::test::fork_child([&] {
-    std::ofstream(cg + "/cgroup.procs") << ::getpid();
+  ferry::test::in_memory_cgroup(48 << 20, [&] {
     // A container's 16 MiB /dev/shm: with memfds it bounds nothing of ferry's.
     ferry::test::private_tmpfs(16 << 20, ferry::test::SegmentsIn::memfd);
     ferry::ShmCheckOptions o;  // no dir: the job's own place
@@ -129,13 +108,7 @@ TEST_CASE("with memfd segments the memory cgroup is the limit that applies, not 
     expect(verdict_of(r, "shm_reserve") == "fail", item(r, "shm_reserve").summary);
     expect_has(item(r, "shm_reserve").summary, "the memory cgroup has left");
     expect(verdict_of(r, "shm_dir") == "ok", "the 16 MiB /dev/shm is not what failed");
-  }));
-  for (int i = 0; i < 100 && ::rmdir(cg.c_str()) != 0; ++i) ::usleep(10000);
-  if (code == ferry::test::kSkip) {
-    WARN("skipped in the child (reason printed above)");
-    return;
-  }
-  REQUIRE(code == 0);
+  });
 }
 
 TEST_CASE("a reservation that does not fit fails with the numbers and the remedy, never SIGBUS",
