@@ -73,7 +73,7 @@ constexpr CgroupFiles kV1{1, "/sys/fs/cgroup/memory", "memory.limit_in_bytes",
                           "memory.usage_in_bytes", "total_inactive_file"};
 constexpr CgroupFiles kV2{2, "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"};
 
-CgroupMemory read_cgroup() {
+CgroupMemory read_cgroup(bool count_cache) {
   CgroupMemory cg;
   const auto self = slurp("/proc/self/cgroup");
   if (!self) return cg;
@@ -95,7 +95,7 @@ CgroupMemory read_cgroup() {
     if (limit && *limit < kNoLimit) {
       std::uint64_t used = read_u64(dir + "/" + files.usage).value_or(0);
       // Clean file cache is dropped before anything is killed, so it is room too.
-      if (const auto stat = slurp(dir + "/memory.stat")) {
+      if (const auto stat = count_cache ? slurp(dir + "/memory.stat") : std::nullopt) {
         const std::uint64_t inactive = field(*stat, files.inactive).value_or(0);
         used = used > inactive ? used - inactive : 0;
       }
@@ -115,9 +115,9 @@ CgroupMemory read_cgroup() {
 
 }  // namespace
 
-MemoryRoom read_memory_room() {
+MemoryRoom read_memory_room(bool count_cache) {
   MemoryRoom room;
-  room.cgroup = read_cgroup();
+  room.cgroup = read_cgroup(count_cache);
   if (const auto meminfo = slurp("/proc/meminfo")) {
     const auto available = field(*meminfo, "MemAvailable");
     if (available) room.machine = (*available + field(*meminfo, "SwapFree").value_or(0)) * 1024;

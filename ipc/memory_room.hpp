@@ -27,8 +27,10 @@ struct MemoryRoom {
 };
 
 // Reads this process's memory cgroup (v1 or v2, every ancestor; the tightest wins) and
-// /proc/meminfo. Never throws; what cannot be read stays unset.
-MemoryRoom read_memory_room();
+// /proc/meminfo. Never throws; what cannot be read stays unset. count_cache: count the inactive
+// file cache as room, since the kernel drops it before it kills (reads memory.stat, the costliest
+// file); without it the room is a lower bound, read in half the time.
+MemoryRoom read_memory_room(bool count_cache = true);
 
 // The bytes a new segment may take: the tighter of the cgroup's headroom and the machine's
 // available memory. Unset when neither is known.

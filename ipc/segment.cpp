@@ -69,11 +69,21 @@ std::string room_text(std::uint64_t room, const MemoryRoom& r) {
          format_bytes(*r.cgroup.limit) + " limit";
 }
 
+// Reading the room takes a few hundred microseconds of /proc and /sys: worth it before a
+// reservation that could wake the OOM killer, not for a queue's or a ledger's small segments,
+// which weigh no more than any other allocation of the process.
+constexpr std::size_t kRoomChecked = std::size_t{4} << 20;
+
 // Past the memory cgroup's limit, posix_fallocate does not fail: the OOM killer answers. So what
 // cannot fit is refused before it is reserved.
 void check_memory_room(const SegmentPlace& place, std::size_t size) {
-  const MemoryRoom r = read_memory_room();
-  const auto room = segment_room(r);
+  if (size < kRoomChecked) return;
+  // The quick reading's room is a lower bound; only what does not fit it is looked at closer.
+  MemoryRoom r = read_memory_room(false);
+  auto room = segment_room(r);
+  if (!room || size <= *room) return;
+  r = read_memory_room(true);
+  room = segment_room(r);
   if (!room || size <= *room) return;
   throw Error(Errc::shm_exhausted,
               "cannot reserve " + format_bytes(size) + " (" + std::to_string(size) +
