@@ -405,7 +405,11 @@ def test_check_shm_gives_the_verdict_as_a_dict():
     r = ferry.check_shm(need=1 << 20, workers=2)
     assert r["verdict"] in ("ok", "warn", "fail")
     names = {c["name"] for c in r["checks"]}
-    assert {"shm_dir", "shm_reserve"} <= names
+    assert {"shm_dir", "shm_reserve", "memory_cgroup"} <= names
+    # Where this job's segments go: memfds here unless the environment names a directory.
+    expected = "dir" if os.environ.get("FERRY_SHM_DIR") else "memfd"
+    assert r["backing"] == expected
+    assert ferry.check_shm(need=1 << 20, workers=2, dir="/dev/shm")["backing"] == "dir"
     huge = ferry.check_shm(need=1 << 60, workers=1)
     assert huge["verdict"] == "fail"
     assert any(c["remedy"] for c in huge["checks"] if c["verdict"] == "fail")
