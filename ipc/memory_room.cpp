@@ -125,10 +125,11 @@ MemoryRoom read_memory_room(bool count_cache) {
   return room;
 }
 
-std::optional<std::uint64_t> segment_room(const MemoryRoom& room) noexcept {
-  std::optional<std::uint64_t> best = room.cgroup.headroom;
-  if (room.machine && (!best || *room.machine < *best)) best = room.machine;
-  return best;
+std::optional<SegmentRoom> segment_room(const MemoryRoom& room) noexcept {
+  const auto& cg = room.cgroup.headroom;
+  if (cg && (!room.machine || *cg <= *room.machine)) return SegmentRoom{*cg, true};
+  if (room.machine) return SegmentRoom{*room.machine, false};
+  return std::nullopt;
 }
 
 }  // namespace ferry

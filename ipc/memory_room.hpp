@@ -32,8 +32,16 @@ struct MemoryRoom {
 // file); without it the room is a lower bound, read in half the time.
 MemoryRoom read_memory_room(bool count_cache = true);
 
+struct SegmentRoom {
+  std::uint64_t bytes = 0;
+  bool cgroup = false;  // the memory cgroup's headroom is the tighter; else the machine's memory
+
+  // "the memory cgroup" or "the machine", for messages.
+  const char* limited_by() const noexcept { return cgroup ? "the memory cgroup" : "the machine"; }
+};
+
 // The bytes a new segment may take: the tighter of the cgroup's headroom and the machine's
-// available memory. Unset when neither is known.
-std::optional<std::uint64_t> segment_room(const MemoryRoom& room) noexcept;
+// available memory, and which one it is. Unset when neither is known.
+std::optional<SegmentRoom> segment_room(const MemoryRoom& room) noexcept;
 
 }  // namespace ferry

@@ -62,10 +62,9 @@ UniqueFd create_memfd() {
   return UniqueFd(fd);
 }
 
-std::string room_text(std::uint64_t room, const MemoryRoom& r) {
-  const bool cgroup = r.cgroup.headroom && *r.cgroup.headroom == room;
-  if (!cgroup) return format_bytes(room) + " of the machine's memory is available";
-  return "the memory cgroup has " + format_bytes(room) + " left of its " +
+std::string room_text(const SegmentRoom& room, const MemoryRoom& r) {
+  if (!room.cgroup) return format_bytes(room.bytes) + " of the machine's memory is available";
+  return "the memory cgroup has " + format_bytes(room.bytes) + " left of its " +
          format_bytes(*r.cgroup.limit) + " limit";
 }
 
@@ -81,10 +80,10 @@ void check_memory_room(const SegmentPlace& place, std::size_t size) {
   // The quick reading's room is a lower bound; only what does not fit it is looked at closer.
   MemoryRoom r = read_memory_room(false);
   auto room = segment_room(r);
-  if (!room || size <= *room) return;
+  if (!room || size <= room->bytes) return;
   r = read_memory_room(true);
   room = segment_room(r);
-  if (!room || size <= *room) return;
+  if (!room || size <= room->bytes) return;
   throw Error(Errc::shm_exhausted,
               "cannot reserve " + format_bytes(size) + " (" + std::to_string(size) +
                   " bytes) of shared memory in " + place.describe() + ": " + room_text(*room, r) +

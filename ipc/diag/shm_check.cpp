@@ -152,8 +152,7 @@ CheckItem check_dir_for(const SegmentPlace& place, std::uint64_t need, DirFacts*
 }
 
 struct CgroupFacts {
-  std::optional<std::uint64_t> headroom;  // segment_room(): the cgroup's or the machine's, tighter
-  std::string limited_by;                 // "the memory cgroup" or "the machine"
+  std::optional<SegmentRoom> room;  // segment_room(): the cgroup's or the machine's, tighter
 };
 
 // The memory limit that applies to this process (ipc/memory_room.hpp): the tightest room over its
@@ -164,9 +163,7 @@ CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
   CheckItem item{"memory_cgroup", Verdict::ok, "", "", {}};
   const MemoryRoom room = read_memory_room();
   const CgroupMemory& cg = room.cgroup;
-  facts->headroom = segment_room(room);
-  facts->limited_by =
-      cg.headroom && facts->headroom == cg.headroom ? "the memory cgroup" : "the machine";
+  facts->room = segment_room(room);
   item.add("machine_available_bytes",
            room.machine ? MeasuredValue(*room.machine) : MeasuredValue());
   const std::string machine =
@@ -183,8 +180,10 @@ CheckItem check_cgroup(std::uint64_t need, CgroupFacts* facts) {
     item.summary = (cg.unreadable ? "memory cgroup limit could not be read (permission denied)"
                                   : "no memory cgroup limit") +
                    machine;
-    if (cg.unreadable) item.verdict = Verdict::warn;
-    if (cg.unreadable) item.remedy = "run as a user that can read the cgroup's memory files";
+    if (cg.unreadable) {
+      item.verdict = Verdict::warn;
+      item.remedy = "run as a user that can read the cgroup's memory files";
+    }
     return item;
   }
   item.summary = "memory limit " + format_bytes(*cg.limit) + ", in use " + format_bytes(*cg.usage) +
@@ -214,11 +213,11 @@ CheckItem check_reserve(const SegmentPlace& place, std::uint64_t need, bool rese
     item.add("reserved", MeasuredValue());
     return item;
   }
-  if (cg.headroom && *cg.headroom < need) {
+  if (cg.room && cg.room->bytes < need) {
     // Reserving past the cgroup's limit could wake the OOM killer on some other process.
     item.verdict = Verdict::fail;
     item.summary = "not attempted: " + format_bytes(need) + " exceeds the " +
-                   format_bytes(*cg.headroom) + " " + cg.limited_by +
+                   format_bytes(cg.room->bytes) + " " + cg.room->limited_by() +
                    " has left (see memory_cgroup)";
     item.remedy = "raise the memory limit, or run fewer workers (--workers)";
     item.add("reserved", MeasuredValue());

@@ -9,7 +9,9 @@
 
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "../test_util.hpp"
@@ -34,6 +36,15 @@ std::set<std::string> shm_entries() {
     ::closedir(d);
   }
   return names;
+}
+
+// Throws unless `what` says each of `needles`.
+void require_mentions(const std::string& what, std::initializer_list<const char*> needles) {
+  for (const char* needle : needles) {
+    if (what.find(needle) == std::string::npos) {
+      throw std::runtime_error("message lacks '" + std::string(needle) + "': " + what);
+    }
+  }
 }
 
 }  // namespace
@@ -122,14 +133,9 @@ TEST_CASE("a full /dev/shm is an error naming sizes and the remedy, never SIGBUS
       Segment::create(8 << 20, dir);
       throw std::runtime_error("8 MiB fit into 4 MiB of free space");
     } catch (const Error& e) {
-      const std::string what = e.what();
       if (e.code() != Errc::shm_exhausted) throw;
-      for (const char* needle : {"8.0 MiB", "8388608 bytes", "4.0 MiB free", "--shm-size",
-                                 "--ipc=host", "FERRY_SHM_DIR"}) {
-        if (what.find(needle) == std::string::npos) {
-          throw std::runtime_error("message lacks '" + std::string(needle) + "': " + what);
-        }
-      }
+      require_mentions(e.what(), {"8.0 MiB", "8388608 bytes", "4.0 MiB free", "--shm-size",
+                                  "--ipc=host", "FERRY_SHM_DIR"});
     }
     fits.reset();
     Segment::create(12 << 20, dir);  // the space came back
@@ -184,14 +190,9 @@ TEST_CASE("a segment past the memory cgroup's limit is refused with the numbers,
       Segment::create(128 << 20, place);
       throw std::runtime_error("128 MiB fit a 48 MiB cgroup");
     } catch (const Error& e) {
-      const std::string what = e.what();
       if (e.code() != Errc::shm_exhausted) throw;
-      for (const char* needle :
-           {"128.0 MiB", "134217728 bytes", "memory cgroup has", "48.0 MiB limit", "--memory="}) {
-        if (what.find(needle) == std::string::npos) {
-          throw std::runtime_error("message lacks '" + std::string(needle) + "': " + what);
-        }
-      }
+      require_mentions(e.what(), {"128.0 MiB", "134217728 bytes", "memory cgroup has",
+                                  "48.0 MiB limit", "--memory="});
     }
   });
 }
