@@ -47,10 +47,10 @@ PoolOptions checked(PoolOptions o) {
                 "workers = " + std::to_string(o.workers) + " is negative; use 0 for one per core");
   }
   if (o.devices.empty()) o.devices.assign(o.workers == 0 ? cores : o.workers, "cpu");
-  if (o.max_inflight_per_worker < 1 || o.max_inflight_per_worker > 1000) {
+  if (o.max_inflight_per_worker < 0 || o.max_inflight_per_worker > 1000) {
     throw Error(Errc::invalid_argument,
                 "max_inflight_per_worker = " + std::to_string(o.max_inflight_per_worker) +
-                    " is outside 1..1000");
+                    " is outside 0..1000 (0: the pool chooses by how long tasks take)");
   }
   if (o.max_retries < 0) {
     throw Error(Errc::invalid_argument,
@@ -197,7 +197,10 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>(checked(std::move(o
   spec.executable = o.worker_executable;
   spec.args = o.worker_args;
   spec.threads = o.threads_per_worker;
-  spec.queue_capacity = static_cast<std::uint32_t>(o.max_inflight_per_worker) *
+  const std::size_t depth = o.max_inflight_per_worker > 0
+                                ? static_cast<std::size_t>(o.max_inflight_per_worker)
+                                : supervisor::QueueDepth::kMaxDepth;
+  spec.queue_capacity = static_cast<std::uint32_t>(depth) *
                         static_cast<std::uint32_t>(protocol::kMaxTensorsPerTask + 1);
   spec.start_timeout = o.start_timeout;
   spec.config = o.config;
@@ -399,6 +402,7 @@ PoolStats Pool::stats() const {
     s.tasks_done = c.done;
     s.tasks_failed = c.failed;
     s.tasks_lost = c.lost;
+    s.limit = b.book.limit(static_cast<int>(w));
     out.workers.push_back(std::move(s));
   }
   return out;

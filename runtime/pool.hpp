@@ -51,8 +51,10 @@ struct PoolOptions {
   std::vector<std::string> devices;
   int workers = 0;  // CPU workers when `devices` is empty; 0: one per core
   Start start = Start::Auto;
-  int max_inflight_per_worker = 3;  // tasks handed to one worker before submit() blocks
-  int max_retries = 2;              // times a task lost with its worker is tried again
+  // Tasks handed to one worker at most; submit() blocks when every worker has its fill. 0: the
+  // pool chooses for each worker, 3 to 64, deeper the shorter its tasks (queue_depth.hpp).
+  int max_inflight_per_worker = 0;
+  int max_retries = 2;  // times a task lost with its worker is tried again
   // A task that runs longer kills its worker (handled like a crash). 0: no limit. Measured from
   // when the worker could start it (its earlier tasks done), not from submit().
   std::chrono::milliseconds task_timeout{0};
@@ -143,7 +145,9 @@ class Pool {
 
   std::vector<std::string> tasks() const;  // what the workers can run
   std::size_t size() const noexcept;       // workers on this machine
-  std::size_t capacity() const noexcept;   // tasks in flight at most (grows as hosts join)
+  // Tasks in flight at most now: grows as hosts join, and where the pool chooses the depth, as
+  // tasks prove short.
+  std::size_t capacity() const noexcept;
   std::vector<pid_t> worker_pids() const;  // current processes here (-1 while restarting)
   PoolStats stats() const;
 

@@ -18,6 +18,7 @@ from . import _pickle
 from ._C import Timeout
 
 TASK_TENSORS = 64  # tensors one task takes or returns (the supervisor's protocol limit)
+HOST_DEPTH = 3  # tasks a host's worker holds (`python3 -m ferry host`'s --maxtasks-inflight)
 SHARED_STORAGES = 16384  # storages a pool's shared objects may hold (the supervisor's limit)
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
@@ -155,12 +156,14 @@ class Pool:
     """Worker processes that run Python calls, on a device list.
 
     Pool(processes=None, initializer=None, initargs=(), *, devices=None, retries=2,
-         maxtasks_inflight=3, task_timeout=None, start_timeout=60, threads_per_worker=0)
+         maxtasks_inflight=None, task_timeout=None, start_timeout=60, threads_per_worker=0)
 
     One worker per entry of `devices` (e.g. ["cuda:0", "cuda:1", "cpu"]), else `processes` CPU
     workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
     worker is restarted and its tasks tried again up to `retries` times; a task's exception
-    comes back as ferry.TaskError with the worker's traceback.
+    comes back as ferry.TaskError with the worker's traceback. A worker holds at most
+    `maxtasks_inflight` tasks; None lets the pool choose for each worker, 3 to 64, deeper the
+    shorter its tasks.
 
     `shared` ({name: object}) is held by every worker, and every restarted one, for its whole
     life: its tensors are this process's memory itself, never a copy (a module and its
@@ -176,7 +179,7 @@ class Pool:
     """
 
     def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None,
-                 *, devices=None, retries=2, maxtasks_inflight=3, task_timeout=None,
+                 *, devices=None, retries=2, maxtasks_inflight=None, task_timeout=None,
                  start_timeout=60.0, threads_per_worker=0, shared=None, listen=None,
                  secret_file=None, wait_hosts=0, join_timeout=10.0, heartbeat=0.5,
                  lost_after=5.0):
@@ -186,6 +189,11 @@ class Pool:
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         devices = _devices(processes, devices)
+        if maxtasks_inflight is not None and (isinstance(maxtasks_inflight, bool) or
+                                              not isinstance(maxtasks_inflight, int) or
+                                              not 1 <= maxtasks_inflight <= 1000):
+            raise ValueError(f"maxtasks_inflight={maxtasks_inflight!r}: give 1 to 1000 tasks per "
+                             "worker, or None to let the pool choose by how long tasks take")
         executable, args, config = _worker_command()
         if initializer is not None:
             payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True)
@@ -209,12 +217,11 @@ class Pool:
                                 "{'model': model, 'optimizer': opt}")
             payload, shared_bases = _pickle.dumps(dict(shared), SHARED_STORAGES, functions="auto")
             config["python.shared"] = base64.b64encode(payload).decode()
-        self._pool = _C.Pool(devices, executable, args, config, retries, maxtasks_inflight,
+        self._pool = _C.Pool(devices, executable, args, config, retries, maxtasks_inflight or 0,
                              0.0 if task_timeout is None else float(task_timeout),
                              float(start_timeout), threads_per_worker, shared_bases, self._hub)
         self._state = "run"
         self._lock = threading.Lock()
-        self._inflight = maxtasks_inflight
         if wait_hosts and not self._hub.wait_for_hosts(int(wait_hosts), float(join_timeout)):
             self.terminate()
             raise Timeout(f"{self._hub.stats()['live']} of wait_hosts={wait_hosts} hosts joined "
@@ -298,8 +305,9 @@ class Pool:
     def _default_chunksize(self, iterable):
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)
-        # Hosts count by the workers they hold (their room over a worker's), as local ones do.
-        workers = max(len(self), self._pool.capacity() // max(1, self._inflight))
+        # Hosts count by the workers they hold: their room over what one of their workers holds.
+        remote = sum(w["limit"] for w in self._pool.stats()["workers"] if w["remote"])
+        workers = len(self) + remote // HOST_DEPTH
         chunksize, extra = divmod(len(iterable), workers * 4)
         return iterable, chunksize + (1 if extra else 0) or 1
 

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@ struct WorkerStats {
   std::uint64_t timeouts = 0;  // kills for a task past task_timeout
   std::string last_exit;       // how its last process ended, its last failed start, a host's loss
   bool given_up = false;       // its starts kept failing, or its host was lost: the pool goes on
+  std::size_t limit = 0;       // tasks it may hold now (max_inflight_per_worker, or the pool's
+                               // choice; a host's room)
   // Results sent back by this worker's processes (all of them, across restarts), as each
   // send reported it (TensorQueue::send).
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;

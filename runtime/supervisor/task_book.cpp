@@ -7,10 +7,14 @@
 namespace ferry::supervisor {
 
 TaskBook::TaskBook(int workers, int per_worker, int max_retries)
-    : capacity_(static_cast<std::size_t>(workers) * static_cast<std::size_t>(per_worker)),
+    : capacity_(0),
       max_retries_(static_cast<std::uint32_t>(max_retries)),
       workers_(static_cast<std::size_t>(workers)) {
-  for (Worker& w : workers_) w.limit = static_cast<std::size_t>(per_worker);
+  for (Worker& w : workers_) {
+    if (per_worker == 0) w.depth.emplace();
+    w.limit = w.depth ? w.depth->depth() : static_cast<std::size_t>(per_worker);
+    capacity_ += w.limit;
+  }
 }
 
 TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
@@ -45,6 +49,7 @@ void TaskBook::retire(int worker) {
   w.open = false;
   capacity_ -= w.limit;
   w.limit = 0;
+  w.depth.reset();
 }
 
 std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
@@ -89,7 +94,15 @@ TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok
   Worker& w = workers_.at(worker);
   const bool was_head = !w.handed.empty() && w.handed.front() == id;
   w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), id), w.handed.end());
-  if (was_head) w.head_since = now;
+  if (was_head) {
+    if (w.depth) {
+      w.depth->record(now - w.head_since);
+      const std::size_t limit = w.depth->depth();
+      capacity_ = capacity_ - w.limit + limit;
+      w.limit = limit;
+    }
+    w.head_since = now;
+  }
   if (ok) {
     ++w.counts.done;
     ++completed_;

@@ -3,6 +3,8 @@
 // Pure bookkeeping (no processes, threads or I/O; the caller holds a lock around every call and
 // carries out what the calls return). It owns the rules that make a pool trustworthy:
 //   admission   at most capacity() tasks are open (admitted, not ended): submit() waits on full();
+//   depth       a worker holds at most its limit: fixed, or chosen from its task times
+//               (queue_depth.hpp), and capacity() is the sum of the limits;
 //   order       pending tasks go out oldest first; a task lost with its worker goes back to the
 //               front, to another worker when there is one;
 //   retries     a task lost on 1 + max_retries hand-overs fails with the last loss as its reason;
@@ -27,7 +29,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ipc/channel.hpp"           // Clock
+#include "ipc/channel.hpp"  // Clock
+#include "runtime/supervisor/queue_depth.hpp"
 #include "runtime/tensor_queue.hpp"  // Tensors
 
 namespace ferry::supervisor {
@@ -67,6 +70,7 @@ struct WorkerCounts {
 
 class TaskBook {
  public:
+  // `per_worker` tasks at most in each worker, or 0: as many as QueueDepth chooses for it.
   TaskBook(int workers, int per_worker, int max_retries);
 
   std::size_t capacity() const noexcept { return capacity_; }
@@ -117,6 +121,7 @@ class TaskBook {
   std::optional<Clock::time_point> next_deadline(std::chrono::milliseconds limit) const;
 
   std::size_t load(int worker) const { return workers_.at(worker).handed.size(); }
+  std::size_t limit(int worker) const { return workers_.at(worker).limit; }
   const WorkerCounts& counts(int worker) const { return workers_.at(worker).counts; }
   std::uint64_t retried() const noexcept { return retried_; }
   std::uint64_t admitted() const noexcept { return admitted_; }
@@ -126,10 +131,11 @@ class TaskBook {
  private:
   struct Worker {
     bool open = false;
-    std::size_t limit = 0;         // tasks handed to it at most
-    bool timed = true;             // overdue() looks at it
-    std::deque<TaskId> handed;     // in hand-over order: it runs them in that order
-    Clock::time_point head_since;  // when handed.front() could start
+    std::size_t limit = 0;            // tasks handed to it at most
+    std::optional<QueueDepth> depth;  // chooses `limit`, where the pool does
+    bool timed = true;                // overdue() looks at it
+    std::deque<TaskId> handed;        // in hand-over order: it runs them in that order
+    Clock::time_point head_since;     // when handed.front() could start
     WorkerCounts counts;
   };
   TaskPtr end(TaskId id);  // out of the book

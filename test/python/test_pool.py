@@ -136,6 +136,34 @@ def test_bounded_tasks_in_flight():
         assert list(it) == list(range(1, 200))
 
 
+def _nap(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_queue_depth_follows_task_length():
+    # Left to the pool, a worker holds 3 tasks until results come, many more when tasks are
+    # short (no process wake-up per task), and few again once they turn long.
+    with ferry.Pool(2) as p:
+        assert [w["limit"] for w in p.stats()["workers"]] == [3, 3]
+        assert p.map(square, range(2000), chunksize=1) == [i * i for i in range(2000)]
+        deep = [w["limit"] for w in p.stats()["workers"]]
+        assert all(d > 3 for d in deep), deep
+        pids = p.map(_nap, [0.05] * 16, chunksize=1)
+        assert [w["limit"] for w in p.stats()["workers"]] == [3, 3]
+        # Long tasks spread over both workers, whatever depth the short ones left behind.
+        assert len(set(pids)) == 2
+    with ferry.Pool(1, maxtasks_inflight=5) as p:
+        p.map(square, range(500), chunksize=1)
+        assert p.stats()["workers"][0]["limit"] == 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1001, 2.5, "3", True])
+def test_maxtasks_inflight_out_of_range_is_refused_with_the_remedy(bad):
+    with pytest.raises(ValueError, match="maxtasks_inflight.*None to let the pool choose"):
+        ferry.Pool(1, maxtasks_inflight=bad)
+
+
 def test_initializer_runs_in_every_worker_and_devices_are_seen():
     with ferry.Pool(initializer=_init, initargs=("ready",), devices=["cpu", "cpu"]) as p:
         assert p.map(_read_init, range(4), chunksize=1) == ["ready"] * 4

@@ -3,6 +3,8 @@
 
 #include "../../catch.hpp"
 
+#include <algorithm>
+
 #include "ipc/error.hpp"
 
 namespace ferry::supervisor {
@@ -196,6 +198,59 @@ TEST_CASE("task book: a retired worker's tasks are retried elsewhere and its roo
   book.set_open(host, true);  // a retired worker stays out even if opened by mistake
   auto h = book.next_hand_over(t0);
   CHECK_FALSE(h);  // worker 0 still holds its task
+}
+
+TEST_CASE("task book: where the pool chooses, short tasks deepen a worker's queue, long ones not") {
+  TaskBook book(2, 0, 0);
+  CHECK(book.capacity() == 2 * QueueDepth::kMinDepth);
+  book.set_open(0, true);
+  book.set_open(1, true);
+  // Worker 0 answers each task 10 us after it could start it; worker 1 takes 50 ms.
+  Clock::time_point now = t0;
+  std::size_t index = 0;
+  auto round = [&] {
+    while (!book.full()) book.admit(task(index++), now);
+    std::vector<HandOver> out;
+    while (auto h = book.next_hand_over(now)) out.push_back(*h);
+    // Each worker's results in turn, so that one's time is not counted in the other's.
+    std::stable_sort(out.begin(), out.end(),
+                     [](const HandOver& a, const HandOver& b) { return a.worker < b.worker; });
+    for (const HandOver& h : out) {
+      now += h.worker == 0 ? Clock::duration(10us) : Clock::duration(50ms);
+      REQUIRE(book.complete(h.worker, h.task->id, h.attempt, true, now));
+    }
+  };
+  for (int i = 0; i < 40; ++i) round();
+  CHECK(book.limit(0) == QueueDepth::kMaxDepth);
+  CHECK(book.limit(1) == QueueDepth::kMinDepth);
+  CHECK(book.capacity() == QueueDepth::kMaxDepth + QueueDepth::kMinDepth);
+  // One long task, queued behind a short one, makes worker 0 shallow at its result.
+  book.set_open(1, false);
+  book.admit(task(index++), now);
+  book.admit(task(index++), now);
+  auto first = book.next_hand_over(now);
+  auto second = book.next_hand_over(now);
+  REQUIRE((first && second && first->worker == 0 && second->worker == 0));
+  now += 10us;
+  REQUIRE(book.complete(0, first->task->id, first->attempt, true, now));
+  CHECK(book.limit(0) == QueueDepth::kMaxDepth);
+  now += 200ms;
+  REQUIRE(book.complete(0, second->task->id, second->attempt, true, now));
+  CHECK(book.limit(0) == QueueDepth::kMinDepth);
+  CHECK(book.capacity() == book.limit(0) + book.limit(1));
+}
+
+TEST_CASE("task book: a fixed per-worker limit stays whatever the tasks take") {
+  TaskBook book(1, 2, 0);
+  book.set_open(0, true);
+  for (std::size_t i = 0; i < 20; ++i) {
+    book.admit(task(i), t0);
+    auto h = book.next_hand_over(t0);
+    REQUIRE(h);
+    REQUIRE(book.complete(0, h->task->id, h->attempt, true, t0 + 1us));
+  }
+  CHECK(book.limit(0) == 2);
+  CHECK(book.capacity() == 2);
 }
 
 }  // namespace ferry::supervisor

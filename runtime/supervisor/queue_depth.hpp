@@ -1,0 +1,47 @@
+// QueueDepth: how many tasks a worker may hold when the pool chooses (max_inflight_per_worker 0).
+//
+// A worker that runs out of tasks sleeps until the next arrives, and a submitter that finds no
+// result waiting sleeps too: for short tasks those kernel wake-ups cost more than the task itself
+// (a map of empty Python tasks on two cores: 75 us per task at a depth of 3, 29 at 64). A deep
+// queue keeps both sides busy. A shallow one keeps long tasks spread over the workers: a worker
+// runs its queue in order, so a task queued behind a long one waits while another worker may idle.
+//
+// The rule, one pure function of the worker's history (`depth`): keep about kCover of work queued
+// at each worker,
+//   depth = clamp(ceil(kCover / typical), kMinDepth, kMaxDepth)
+// where `typical` is a moving average (weight 1/4) of the worker's recent task times, each timed
+// from when the worker could start it (its hand-over to an idle worker, or the result before
+// it) to its result: the way there and back is part of what a queue has to cover. Before the
+// first result the depth is kMinDepth, the fixed default's, and tasks of kCover / kMinDepth or
+// longer keep it there: only short tasks queue deeper, and what waits behind a task that turns
+// out long is at most about kCover of work. One slow task raises `typical` at once (weight 1/4
+// of a long time), so a worker whose tasks turn long takes few at its next result.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+
+#include "ipc/channel.hpp"  // Clock
+
+namespace ferry::supervisor {
+
+class QueueDepth {
+ public:
+  static constexpr std::size_t kMinDepth = 3;
+  // The queues to a worker are sized for this many tasks of the most tensors each.
+  static constexpr std::size_t kMaxDepth = 64;
+  static constexpr Clock::duration kCover = std::chrono::milliseconds(10);
+
+  // The tasks a worker with this history may hold.
+  std::size_t depth() const noexcept;
+  // One task ended on the worker, `took` after it could start.
+  void record(Clock::duration took) noexcept;
+
+  std::optional<Clock::duration> typical() const noexcept { return typical_; }
+
+ private:
+  std::optional<Clock::duration> typical_;
+};
+
+}  // namespace ferry::supervisor
