@@ -147,8 +147,12 @@ class _Unpickler(pickle.Unpickler):
 
 def loads(payload, bases):
     """The object dumps() made; views are rebuilt on the storages this process holds."""
-    bases = [_C.adopt(b) for b in bases]
     try:
+        if not bases:
+            # No storage, so no tensor reference: pickle's own loads, without the subclass that
+            # resolves them (most of the cost of a small message such as an empty task's).
+            return pickle.loads(payload)
+        bases = [_C.adopt(b) for b in bases]
         return _Unpickler(io.BytesIO(payload), bases).load()
     finally:
         # torch notes each unpickled sparse tensor for torch.load to check and forget; outside

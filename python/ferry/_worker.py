@@ -13,6 +13,9 @@ import traceback
 
 import torch
 
+from . import _pickle
+from ._pool import TASK_TENSORS
+
 WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
 
 _info = None
@@ -36,7 +39,6 @@ def _start(worker_id, device, config, shared):
     """Once per process, before its first task: sys.path, device, the pool's shared objects
     (on the storages the supervisor sent ahead of every start), the pool's initializer."""
     global _info, _init_error, _shared
-    from . import _pickle
 
     for p in reversed(json.loads(config.get("python.path", "[]"))):
         if p not in sys.path:
@@ -63,7 +65,6 @@ def _start(worker_id, device, config, shared):
 
 
 def _function(blob):
-    from . import _pickle
 
     fn = _functions.get(blob)
     if fn is None:
@@ -78,8 +79,6 @@ def _function(blob):
 
 def run(worker_id, device, config, shared, payload, bases):
     """(True, payload, bases) of the result, or (False, the error and its traceback, [])."""
-    from . import _pickle
-    from ._pool import TASK_TENSORS
 
     if _info is None:
         _start(worker_id, device, config, shared)
