@@ -162,7 +162,7 @@ class Pool:
     workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
     worker is restarted and its tasks tried again up to `retries` times; a task's exception
     comes back as ferry.TaskError with the worker's traceback. A worker holds at most
-    `maxtasks_inflight` tasks; None lets the pool choose for each worker, 3 to 64, deeper the
+    `maxtasks_inflight` tasks; None lets the pool choose for each worker, 3 to 16, deeper the
     shorter its tasks.
 
     `shared` ({name: object}) is held by every worker, and every restarted one, for its whole

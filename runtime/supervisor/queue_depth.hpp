@@ -2,7 +2,8 @@
 //
 // A worker that runs out of tasks sleeps until the next arrives, and a submitter that finds no
 // result waiting sleeps too: for short tasks those kernel wake-ups cost more than the task itself
-// (a map of empty Python tasks on two cores: 75 us per task at a depth of 3, 29 at 64). A deep
+// (a map of empty Python tasks on two cores: 75 us per task at a depth of 3, 29-59 at 16 to
+// 64, deeper gaining little more). A deep
 // queue keeps both sides busy. A shallow one keeps long tasks spread over the workers: a worker
 // runs its queue in order, so a task queued behind a long one waits while another worker may idle.
 //
@@ -30,7 +31,7 @@ class QueueDepth {
  public:
   static constexpr std::size_t kMinDepth = 3;
   // The queues to a worker are sized for this many tasks of the most tensors each.
-  static constexpr std::size_t kMaxDepth = 64;
+  static constexpr std::size_t kMaxDepth = 16;
   static constexpr Clock::duration kCover = std::chrono::milliseconds(10);
 
   // The tasks a worker with this history may hold.

@@ -15,6 +15,7 @@
 #include "runtime/pool.hpp"
 #include "runtime/shared_module.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/supervisor/queue_depth.hpp"
 
 namespace ferry {
 namespace {
@@ -145,7 +146,8 @@ TEST_CASE("Hogwild: workers train one shared model and its shared momentum, thro
     if (++done == 200) ::kill(pool.worker_pids().at(1), SIGKILL);  // mid-run
   }
   CHECK(done == 600);
-  CHECK(pool.stats().workers.at(1).tasks_lost <= 3);  // what it held when it died, retried
+  // What it held when it died, retried: short tasks, so the pool may have let it hold many.
+  CHECK(pool.stats().workers.at(1).tasks_lost <= supervisor::QueueDepth::kMaxDepth);
   // Its replacement may still be starting (spawned under ThreadSanitizer): the pool went on.
   const auto deadline = Clock::now() + 60s;
   while (pool.stats().workers.at(1).restarts == 0 && Clock::now() < deadline) {

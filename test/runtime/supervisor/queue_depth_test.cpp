@@ -21,11 +21,12 @@ TEST_CASE("queue depth: a worker with no result yet holds the fixed default's 3"
   CHECK_FALSE(QueueDepth{}.typical());
 }
 
-TEST_CASE("queue depth: tasks of up to about 150 microseconds fill the deepest queue") {
-  CHECK(after(0us, 1).depth() == QueueDepth::kMaxDepth);  // a clock too coarse to see it
-  CHECK(after(1us, 1).depth() == QueueDepth::kMaxDepth);
-  CHECK(after(150us, 1).depth() == QueueDepth::kMaxDepth);
-  CHECK(after(200us, 1).depth() == 50);
+TEST_CASE("queue depth: tasks of up to about 600 microseconds fill the deepest queue, 16") {
+  CHECK(QueueDepth::kMaxDepth == 16);
+  CHECK(after(0us, 1).depth() == 16);  // a clock too coarse to see it
+  CHECK(after(1us, 1).depth() == 16);
+  CHECK(after(600us, 1).depth() == 16);
+  CHECK(after(800us, 1).depth() == 13);
 }
 
 TEST_CASE("queue depth: the queue holds about 10 ms of work") {
@@ -56,7 +57,7 @@ TEST_CASE("queue depth: after long tasks, short ones deepen the queue within a f
     ++tasks;
   }
   CHECK(q.depth() == QueueDepth::kMaxDepth);
-  CHECK(tasks < 30);  // (3/4)^n of 100 ms under the 156 us that asks for 64
+  CHECK(tasks < 25);  // (3/4)^n of 100 ms under the 625 us that asks for 16
 }
 
 TEST_CASE("queue depth: a negative time (clocks of two threads) counts as none") {
