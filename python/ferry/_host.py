@@ -13,7 +13,7 @@ import sys
 import threading
 
 from . import _C
-from ._pool import _devices, _require_hosts, _worker_command
+from ._pool import HOST_DEPTH, _devices, _require_hosts, _worker_command
 
 # Exit codes, as `ferry host`'s: the head's job ended; bad options; could not join or lost the
 # head. A signal gives 128 + its number, after telling the head.
@@ -21,7 +21,7 @@ OK, BAD_INPUT, BROKEN = 0, 2, 3
 
 
 def serve_host(join, *, processes=None, devices=None, secret_file=None, name=None, address=None,
-               retries=2, maxtasks_inflight=3, task_timeout=None, start_timeout=60.0,
+               retries=2, maxtasks_inflight=HOST_DEPTH, task_timeout=None, start_timeout=60.0,
                threads_per_worker=0, join_timeout=10.0, heartbeat=0.5, lost_after=5.0,
                stop=None, on_joined=None):
     """Joins the head at `join` ("ADDRESS:PORT") and serves it until one side leaves.
@@ -84,7 +84,7 @@ def main(argv=None):
                                      "the route to the head)")
     p.add_argument("--retries", type=int, default=2, help="times a task lost with its worker is "
                                                           "retried here")
-    p.add_argument("--maxtasks-inflight", type=int, default=3, help="tasks per worker at once")
+    p.add_argument("--maxtasks-inflight", type=int, default=HOST_DEPTH, help="tasks per worker at once")
     p.add_argument("--task-timeout", type=float, help="kill a worker whose task runs longer (s)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="a worker's start (s)")
     p.add_argument("--threads-per-worker", type=int, default=0,

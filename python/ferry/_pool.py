@@ -18,7 +18,7 @@ from . import _pickle
 from ._C import Timeout
 
 TASK_TENSORS = 64  # tensors one task takes or returns (the supervisor's protocol limit)
-HOST_DEPTH = 3  # tasks a host's worker holds (`python3 -m ferry host`'s --maxtasks-inflight)
+HOST_DEPTH = 3  # tasks a host's worker holds by default (serve_host, --maxtasks-inflight)
 SHARED_STORAGES = 16384  # storages a pool's shared objects may hold (the supervisor's limit)
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "

@@ -65,7 +65,6 @@ def _start(worker_id, device, config, shared):
 
 
 def _function(blob):
-
     fn = _functions.get(blob)
     if fn is None:
         fn = _pickle.loads(blob, [])
@@ -79,7 +78,6 @@ def _function(blob):
 
 def run(worker_id, device, config, shared, payload, bases):
     """(True, payload, bases) of the result, or (False, the error and its traceback, [])."""
-
     if _info is None:
         _start(worker_id, device, config, shared)
     if _init_error is not None:

@@ -5,10 +5,10 @@
 namespace ferry::supervisor {
 
 std::size_t QueueDepth::depth() const noexcept {
-  if (!typical_ || typical_->count() <= 0) return typical_ ? kMaxDepth : kMinDepth;
-  const auto covered = (kCover.count() + typical_->count() - 1) / typical_->count();
-  return std::clamp(static_cast<std::size_t>(std::min<Clock::rep>(covered, kMaxDepth)), kMinDepth,
-                    kMaxDepth);
+  if (!typical_) return kMinDepth;
+  if (typical_->count() <= 0) return kMaxDepth;  // a clock too coarse to see the tasks
+  const Clock::rep covered = (kCover.count() + typical_->count() - 1) / typical_->count();
+  return static_cast<std::size_t>(std::clamp<Clock::rep>(covered, kMinDepth, kMaxDepth));
 }
 
 void QueueDepth::record(Clock::duration took) noexcept {
