@@ -68,13 +68,6 @@ def _devices(processes, devices):
     return ["cpu"] * processes
 
 
-class _Blob(bytes):
-    """A function already pickled (by cloudpickle); workers keep the last ones unpickled."""
-
-    def __reduce__(self):
-        return _Blob, (bytes(self),)
-
-
 class AsyncResult:
     """multiprocessing's AsyncResult: get(timeout), wait(timeout), ready(), successful().
 
@@ -234,16 +227,17 @@ class Pool:
             raise ValueError("Pool not running")
 
     def _function(self, fn):
-        """What a task message says of fn: its cloudpickle, made once per call of map() and
-        cached by the workers, or fn itself when pickling it takes tensors along."""
+        """What a task message says of fn: its cloudpickle (bytes, which no function is), made
+        once per call of map() and cached by the workers, or fn itself when pickling it takes
+        tensors along."""
         payload, bases = _pickle.dumps(fn, TASK_TENSORS - 1, functions=True)
-        return _Blob(payload) if not bases else fn
+        return payload if not bases else fn
 
     def _message(self, fn, calls, star):
         # pickle, not cloudpickle, for the arguments when the function is pickled already; a
         # function that takes tensors along is pickled here, by value (cloudpickle) where it is
         # __main__'s or a closure, which workers could not find by name.
-        functions = "auto" if isinstance(fn, _Blob) else True
+        functions = "auto" if type(fn) is bytes else True
         return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions=functions)
 
     def _submit(self, fn, calls, star):

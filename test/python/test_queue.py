@@ -136,6 +136,25 @@ def test_parameters_and_requires_grad_survive():
     assert torch.equal(got["model"].weight, model.weight)  # shared, not copied
 
 
+def test_plain_data_round_trips_and_a_tensor_at_any_depth_stays_shared():
+    # Messages of plain data (numbers, strings, bytes in tuples, lists, dicts) take pickle's own
+    # path; one tensor anywhere, however deep, must still travel as shared storage.
+    q = ferry.Queue()
+    plain = [None, True, 3, 2.5, 1j, "s", b"b", bytearray(b"ba"), (1, [2, {"k": (3,)}]), {}]
+    q.put(plain)
+    assert q.get(timeout=5) == plain
+    t = torch.zeros(4)
+    deep = [1, [2, [3, [4, [5, [6, {"t": t}]]]]]]
+    q.put(deep)
+    got = q.get(timeout=5)
+    got[1][1][1][1][1][1]["t"].fill_(7)
+    assert t[0].item() == 7  # shared, not pickled by value
+    q.put({("key",): [t]})
+    got = q.get(timeout=5)
+    got[("key",)][0].fill_(8)
+    assert t[0].item() == 8
+
+
 def test_a_non_leaf_that_requires_grad_is_refused_with_the_reason():
     q = ferry.Queue()
     x = torch.ones(3, requires_grad=True) * 2
