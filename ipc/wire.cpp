@@ -255,18 +255,19 @@ std::string validate(const Record& r) {
       return "unknown device_type " + u64(r.device_type) + " (expected 0 = cpu or 1 = cuda)";
   }
   if (r.storage_offset < 0) return "storage_offset is " + i64(r.storage_offset);
+  // The index's text is made only for an error: every record of every message passes here.
+  const auto idx = [](int i) { return "[" + i64(i) + "]"; };
   for (int i = 0; i < kMaxDims; ++i) {
-    const std::string idx = "[" + i64(i) + "]";
     if (i < r.rank) {
-      if (r.sizes[i] < 0) return "sizes" + idx + " is " + i64(r.sizes[i]);
-      if (r.strides[i] < 0) return "strides" + idx + " is " + i64(r.strides[i]);
+      if (r.sizes[i] < 0) return "sizes" + idx(i) + " is " + i64(r.sizes[i]);
+      if (r.strides[i] < 0) return "strides" + idx(i) + " is " + i64(r.strides[i]);
     } else {
       if (r.sizes[i] != 0) {
-        return "sizes" + idx + " is " + i64(r.sizes[i]) + " beyond rank " + u64(r.rank) +
+        return "sizes" + idx(i) + " is " + i64(r.sizes[i]) + " beyond rank " + u64(r.rank) +
                " (unused dims must be 0)";
       }
       if (r.strides[i] != 0) {
-        return "strides" + idx + " is " + i64(r.strides[i]) + " beyond rank " + u64(r.rank) +
+        return "strides" + idx(i) + " is " + i64(r.strides[i]) + " beyond rank " + u64(r.rank) +
                " (unused dims must be 0)";
       }
     }
