@@ -40,6 +40,7 @@ StatCounters& counters() noexcept {
 }  // namespace detail
 
 void TransferCounts::add(const SentTensor& t) noexcept {
+  if (t.in_record) return;
   if (t.copied) {
     ++tensors_copied;
     bytes_copied += t.bytes;
@@ -60,6 +61,11 @@ namespace detail {
 
 void count_sent(const SentTensor& t) noexcept {
   auto& c = counters();
+  if (t.in_record) {
+    bump(c.tensors_in_record);
+    bump(c.bytes_in_record, t.bytes);
+    return;
+  }
   if (t.copied) {
     bump(c.tensors_copied);
     bump(c.bytes_copied, t.bytes);
@@ -89,6 +95,8 @@ TransportStats transport_stats() noexcept {
   for (int i = 0; i < static_cast<int>(CopyReason::count_); ++i) {
     s.copies_by_reason[i] = ld(c.copies_by_reason[i]);
   }
+  s.tensors_in_record = ld(c.tensors_in_record);
+  s.bytes_in_record = ld(c.bytes_in_record);
   s.tensors_received = ld(c.tensors_received);
   s.bytes_received = ld(c.bytes_received);
   s.tensors_copied_on_receipt = ld(c.tensors_copied_on_receipt);

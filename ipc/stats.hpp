@@ -31,10 +31,13 @@ const char* copy_reason_name(CopyReason r) noexcept;
 
 struct TransportStats {
   std::uint64_t messages_sent = 0, messages_received = 0;
-  // Tensors sent, CPU and CUDA: shared in place, or copied (and why).
+  // Tensors sent, CPU and CUDA: shared in place, or copied (and why), or carried inside their
+  // record (small ordinary CPU tensors, at most wire::kInlineBytes: ferry's own envelopes and
+  // Python payloads mostly), which is neither.
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
   std::uint64_t copies_by_reason[static_cast<int>(CopyReason::count_)] = {};
+  std::uint64_t tensors_in_record = 0, bytes_in_record = 0;
   std::uint64_t tensors_received = 0, bytes_received = 0;
   // Of those, small copied tensors taken into this process's memory at once (their lease ended).
   std::uint64_t tensors_copied_on_receipt = 0, bytes_copied_on_receipt = 0;
@@ -63,9 +66,11 @@ struct SentTensor {
   std::uint64_t bytes = 0;
   bool cuda = false;
   std::optional<CopyReason> copied;  // why it was copied; unset when it was shared in place
+  bool in_record = false;            // carried inside its record: neither shared nor copied
 };
 
-// Tensors and bytes shared in place and copied, and the copies by reason.
+// Tensors and bytes shared in place and copied, and the copies by reason; those carried inside
+// their records are in neither.
 struct TransferCounts {
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
@@ -89,6 +94,7 @@ struct StatCounters {
   std::atomic<std::uint64_t> tensors_zero_copy{0}, bytes_zero_copy{0};
   std::atomic<std::uint64_t> tensors_copied{0}, bytes_copied{0};
   std::atomic<std::uint64_t> copies_by_reason[static_cast<int>(CopyReason::count_)]{};
+  std::atomic<std::uint64_t> tensors_in_record{0}, bytes_in_record{0};
   std::atomic<std::uint64_t> tensors_received{0}, bytes_received{0};
   std::atomic<std::uint64_t> tensors_copied_on_receipt{0}, bytes_copied_on_receipt{0};
   std::atomic<std::uint64_t> storages_relocated{0}, bytes_relocated{0};

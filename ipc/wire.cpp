@@ -17,6 +17,10 @@
 // - A kFlagEmptyMessage record describes no tensor: its dtype may be 0 (a non-zero code must
 //   still be known), it must have rank 0, msg_count 0 and msg_index 0, its view extent is 0
 //   whatever its dtype and storage_offset, and every other check still applies.
+// - A kFlagInline record is a CPU tensor with no other flag but kFlagCopied; its owner, segment,
+//   block offset and lease fields are zero, block_length is at most kInlineBytes, its view is
+//   contiguous from storage_offset 0 and its extent is exactly block_length. Its CUDA section
+//   holds the bytes, so it is not checked for zero.
 
 namespace ferry::wire {
 
@@ -35,7 +39,8 @@ std::string hex32(std::uint32_t v) {
   return buf;
 }
 
-constexpr std::uint32_t kKnownFlags = kFlagCopied | kFlagEmptyMessage | kFlagToDevice | kFlagByFd;
+constexpr std::uint32_t kKnownFlags =
+    kFlagCopied | kFlagEmptyMessage | kFlagToDevice | kFlagByFd | kFlagInline;
 constexpr std::uint32_t kFirstBundleSeq = 0x80000000u;
 
 bool all_zero(const std::uint8_t* p, std::size_t n) {
@@ -228,14 +233,32 @@ std::string validate(const Record& r) {
       } else if (r.device_index != -1 && r.device_index != 0) {
         return "device_index " + i64(r.device_index) + " for a cpu tensor (expected -1 or 0)";
       }
-      if (!cuda_section_zero(r)) return "CUDA section is not zero in a cpu record";
+      if (r.flags & kFlagInline) {
+        if (r.flags & ~(kFlagInline | kFlagCopied)) {
+          return "flags " + hex32(r.flags) + " on an inline record (only kFlagCopied may join)";
+        }
+        if (r.owner_token != 0 || r.owner_pid != 0 || r.segment_seq != 0 ||
+            r.segment_size != 0 || r.block_offset != 0 || r.lease_slot != 0 || r.lease_gen != 0) {
+          return "an inline record names an owner, segment, block or lease (expected all 0)";
+        }
+        if (r.block_length > kInlineBytes) {
+          return "block_length " + u64(r.block_length) + " of an inline record exceeds its " +
+                 u64(kInlineBytes) + " bytes";
+        }
+        if (r.storage_offset != 0) {
+          return "storage_offset " + i64(r.storage_offset) + " of an inline record (expected 0)";
+        }
+      } else if (!cuda_section_zero(r)) {
+        return "CUDA section is not zero in a cpu record";
+      }
       break;
     case DeviceType::cuda:
       if (r.device_index < 0) {
         return "device_index " + i64(r.device_index) + " for a cuda tensor (expected >= 0)";
       }
-      if (r.flags & (kFlagToDevice | kFlagEmptyMessage)) {
-        return "flags " + hex32(r.flags) + " on a cuda record (staged and empty are cpu records)";
+      if (r.flags & (kFlagToDevice | kFlagEmptyMessage | kFlagInline)) {
+        return "flags " + hex32(r.flags) +
+               " on a cuda record (staged, empty and inline are cpu records)";
       }
       if (r.flags & kFlagByFd) {
         if (r.segment_seq < kFirstBundleSeq) {
@@ -279,6 +302,21 @@ std::string validate(const Record& r) {
   }
   if (static_cast<std::uint64_t>(extent) > r.block_length) {
     return "view extent of " + i64(extent) + " bytes exceeds block_length " + u64(r.block_length);
+  }
+  if ((r.flags & kFlagInline) && extent > 0) {  // an empty view has any strides, as in PyTorch
+    if (static_cast<std::uint64_t>(extent) != r.block_length) {
+      return "view extent of " + i64(extent) + " bytes is not the inline block_length " +
+             u64(r.block_length);
+    }
+    std::int64_t expected = 1;  // contiguous: each stride the product of the sizes after it
+    for (int i = r.rank - 1; i >= 0; --i) {
+      if (r.sizes[i] != 1 && r.strides[i] != expected) {
+        return "strides" + idx(i) + " is " + i64(r.strides[i]) +
+               " in an inline record, whose view must be contiguous (expected " +
+               i64(expected) + ")";
+      }
+      expected *= r.sizes[i];  // no overflow: the extent above did not overflow
+    }
   }
   return "";
 }

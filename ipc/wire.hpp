@@ -13,7 +13,7 @@
 namespace ferry::wire {
 
 inline constexpr std::uint32_t kMagic = 0x59525246;  // "FRRY"
-inline constexpr std::uint16_t kVersion = 2;         // 2: the CUDA section
+inline constexpr std::uint16_t kVersion = 3;  // 2: the CUDA section; 3: bytes in the record
 inline constexpr int kMaxDims = 12;
 
 // Stable dtype codes. Never renumber: they are on the wire.
@@ -55,6 +55,10 @@ inline constexpr std::uint32_t kFlagToDevice = 1u << 2;
 // the owner's bundle of chunk fds (ipc/cuda/span_export.hpp), cuda_base and segment_size the
 // span, cuda_buffer_id its digest; mem_handle is unused.
 inline constexpr std::uint32_t kFlagByFd = 1u << 3;
+// A small CPU tensor whose bytes are in the record itself (inline_bytes(), block_length of them,
+// at most kInlineBytes), the view contiguous from storage_offset 0: a copy the sender makes
+// anyway, with no block, no segment and no lease (those fields are zero).
+inline constexpr std::uint32_t kFlagInline = 1u << 4;
 
 // event_slot of a CUDA record whose sender synchronised its stream instead of recording an
 // event (its event pool was exhausted).
@@ -105,6 +109,16 @@ struct Record {
   std::uint8_t owner_boot_id[16];  // as the import cache keys it
 };
 static_assert(sizeof(Record) % 8 == 0, "records are copied in 8-byte words");
+
+// An inline record (kFlagInline) keeps its bytes where a CUDA record has its CUDA section.
+inline constexpr std::size_t kInlineOffset = offsetof(Record, mem_handle);
+inline constexpr std::size_t kInlineBytes = sizeof(Record) - kInlineOffset;
+inline std::uint8_t* inline_bytes(Record& r) noexcept {
+  return reinterpret_cast<std::uint8_t*>(&r) + kInlineOffset;
+}
+inline const std::uint8_t* inline_bytes(const Record& r) noexcept {
+  return reinterpret_cast<const std::uint8_t*>(&r) + kInlineOffset;
+}
 
 // Fills the invariant header fields (magic, version) and zeroes the rest.
 Record make_record() noexcept;

@@ -18,6 +18,7 @@ py::dict transport_stats_dict() {
       "messages_sent"_a = s.messages_sent, "messages_received"_a = s.messages_received,
       "tensors_zero_copy"_a = s.tensors_zero_copy, "bytes_zero_copy"_a = s.bytes_zero_copy,
       "tensors_copied"_a = s.tensors_copied, "bytes_copied"_a = s.bytes_copied,
+      "tensors_in_record"_a = s.tensors_in_record, "bytes_in_record"_a = s.bytes_in_record,
       "tensors_received"_a = s.tensors_received, "bytes_received"_a = s.bytes_received,
       "tensors_copied_on_receipt"_a = s.tensors_copied_on_receipt,
       "bytes_copied_on_receipt"_a = s.bytes_copied_on_receipt,

@@ -251,15 +251,17 @@ SendReport TensorQueue::send_message(const Tensors& body,
   report.tensors.resize(body.size());
   SentTensor header;
   auto encode = [&](const at::Tensor& t, std::size_t i, SentTensor& sent) {
-    const bool cuda = t.defined() && t.is_cuda();
-    detail::Outgoing o = detail::transport(detail::choose(cuda)).encode(t, i, ctx);
-    leases.emplace_back(o.ledger, o.lease);
+    const detail::Sending facts = detail::sending(t, options.detached);
+    const detail::Carrier carrier = detail::choose(facts);
+    detail::Outgoing o = detail::transport(carrier).encode(t, i, ctx);
+    if (o.ledger) leases.emplace_back(o.ledger, o.lease);
     wire::Record& r = records[i];
     r = o.record;
     r.msg_index = static_cast<std::uint16_t>(i);
     r.msg_count = static_cast<std::uint16_t>(tensors);
     sent.copied = o.copied;
-    sent.cuda = cuda;
+    sent.in_record = carrier == detail::Carrier::in_record;
+    sent.cuda = facts.cuda;
     sent.bytes = t.nbytes();
   };
   std::uint64_t seq;
@@ -308,7 +310,8 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
   for (Claim& c : claimed) {
     const wire::Record& r = c.record;
     if (r.flags & wire::kFlagEmptyMessage) break;
-    if (c.ledger) {
+    // A claimed record holds its lease in c.ledger; one in the record needs none.
+    if (c.ledger || (c.error.empty() && detail::choose(r) == detail::Carrier::in_record)) {
       try {
         if (c.error.empty()) {
           out.push_back(detail::transport(detail::choose(r)).decode(c, me));

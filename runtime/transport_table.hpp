@@ -12,6 +12,9 @@ namespace ferry::detail {
 const Transport& transport(Carrier c);
 
 // Every transport, for what concerns them all (in-flight counts, a peer's exit).
-std::array<const Transport*, 2> all_transports();
+std::array<const Transport*, 3> all_transports();
+
+// What choose() needs to know of tensor `t`, sent with `detached` (SendOptions).
+Sending sending(const at::Tensor& t, bool detached);
 
 }  // namespace ferry::detail

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ipc/error.hpp"
+#include "ipc/wire.hpp"
 #include "runtime/shared_tensor.hpp"
 
 namespace ferry::protocol {
@@ -90,10 +91,11 @@ Welcome decode_welcome(const std::string& bytes) {
   return parse<Welcome>(bytes, "welcome", welcome_from);
 }
 
-// Envelopes live in the arena, so they travel zero-copy like the payload and do not show up
-// as copies in the statistics.
+// Envelopes are ordinary tensors small enough to travel inside their records (40 and 72 bytes):
+// no arena block, lease or mapping per task, and no copy in the statistics.
 at::Tensor pack(const TaskEnvelope& e) {
-  at::Tensor t = empty_shared({kTaskWords}, at::kLong);
+  static_assert(kResultWords * 8 <= wire::kInlineBytes, "an envelope fits a record");
+  at::Tensor t = at::empty({kTaskWords}, at::kLong);
   std::int64_t* w = t.data_ptr<std::int64_t>();
   w[0] = kEnvelopeMagic;
   w[1] = kTaskKind;
@@ -104,7 +106,7 @@ at::Tensor pack(const TaskEnvelope& e) {
 }
 
 at::Tensor pack(const ResultEnvelope& e) {
-  at::Tensor t = empty_shared({kResultWords}, at::kLong);
+  at::Tensor t = at::empty({kResultWords}, at::kLong);
   std::int64_t* w = t.data_ptr<std::int64_t>();
   w[0] = kEnvelopeMagic;
   w[1] = kResultKind;

@@ -2,8 +2,10 @@
 
 namespace ferry::detail {
 
-Carrier choose(bool is_cuda_tensor) noexcept {
-  return is_cuda_tensor ? Carrier::cuda_ipc : Carrier::shm_cpu;
+Carrier choose(const Sending& t) noexcept {
+  if (t.cuda) return Carrier::cuda_ipc;
+  if (!t.shared && t.contiguous && t.bytes <= wire::kInlineBytes) return Carrier::in_record;
+  return Carrier::shm_cpu;
 }
 
 Carrier choose(const wire::Record& r) noexcept {
@@ -11,6 +13,7 @@ Carrier choose(const wire::Record& r) noexcept {
   // A CUDA tensor the sender copied to the host for a receiver that cannot open its memory:
   // shm_cpu's block, which cuda_ipc moves back to the device on decode.
   if (r.flags & wire::kFlagToDevice) return Carrier::cuda_ipc;
+  if (r.flags & wire::kFlagInline) return Carrier::in_record;
   return Carrier::shm_cpu;
 }
 
@@ -20,6 +23,8 @@ const char* carrier_name(Carrier c) noexcept {
       return "shm_cpu";
     case Carrier::cuda_ipc:
       return "cuda_ipc";
+    case Carrier::in_record:
+      return "in_record";
   }
   return "unknown";
 }

@@ -36,14 +36,26 @@ namespace detail {
 
 // Which transport carries a tensor.
 enum class Carrier : std::uint8_t {
-  shm_cpu,   // a block of the sender's shared-memory arena (runtime/transport/shm_cpu)
-  cuda_ipc,  // the sender's device memory, or a host copy of it (runtime/transport/cuda_ipc)
+  shm_cpu,    // a block of the sender's shared-memory arena (runtime/transport/shm_cpu)
+  cuda_ipc,   // the sender's device memory, or a host copy of it (runtime/transport/cuda_ipc)
+  in_record,  // a small copy inside the record itself (runtime/transport/in_record)
 };
 
-// The one choice, pure. A tensor goes by its device. A record comes back through the transport
-// that made it: a CUDA record, or a CPU record staged through shared memory for a device
-// (wire::kFlagToDevice), belongs to cuda_ipc; every other record to shm_cpu.
-Carrier choose(bool is_cuda_tensor) noexcept;
+// What choose() needs to know of a tensor to send.
+struct Sending {
+  bool cuda = false;
+  bool shared = false;      // sent in place: a block of this process's arena, not detached
+  bool contiguous = false;  // its view covers its bytes densely, in order
+  std::uint64_t bytes = 0;  // the view's bytes
+};
+
+// The one choice, pure. A tensor goes by its device; a CPU tensor that would be copied anyway
+// (not shared in place) and fits a record (contiguous, at most wire::kInlineBytes) travels in
+// it, which spares the arena block, the lease and the receiver's mapping. A record comes back
+// through the transport that made it: a CUDA record, or a CPU record staged through shared
+// memory for a device (wire::kFlagToDevice), belongs to cuda_ipc; an inline record
+// (wire::kFlagInline) to in_record; every other record to shm_cpu.
+Carrier choose(const Sending& t) noexcept;
 Carrier choose(const wire::Record& r) noexcept;
 const char* carrier_name(Carrier c) noexcept;
 
@@ -64,7 +76,7 @@ struct SendContext {
 // One encoded tensor: its record and the lease that keeps what it names alive.
 struct Outgoing {
   wire::Record record;
-  Ledger* ledger = nullptr;  // which of this process's ledgers holds the lease
+  Ledger* ledger = nullptr;  // which of this process's ledgers holds the lease; none: no lease
   Ledger::Lease lease;
   std::optional<CopyReason> copied;  // why it was copied first; unset when shared in place
 };

@@ -58,6 +58,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (extent != reference_extent(r)) {
     broken("view_extent_bytes() disagrees with the 128-bit reference", r, mapped, extent);
   }
+  // An inline record's receiver reads its bytes from the record, and nothing past it.
+  if ((r.flags & ferry::wire::kFlagInline) && r.block_length > ferry::wire::kInlineBytes) {
+    broken("validate() accepted an inline record longer than the record", r, mapped, extent);
+  }
   if (!location.empty()) return 0;
   if (r.segment_size != mapped) broken("segment_size differs from mapped", r, mapped, extent);
   if (r.block_offset > mapped || r.block_length > mapped - r.block_offset) {

@@ -224,7 +224,7 @@ TEST_CASE("each kind of corruption is rejected with a message naming the field",
   }
   SECTION("version, saying which was expected") {
     r.version = 1;  // before the CUDA section
-    CHECK_THAT(validate(r), Contains("version 1") && Contains("supported version 2"));
+    CHECK_THAT(validate(r), Contains("version 1") && Contains("supported version 3"));
     r.version = 0;
     CHECK_THAT(validate(r), Contains("version 0"));
   }
@@ -386,6 +386,69 @@ TEST_CASE("cuda records: the CUDA section is checked, and must be zero elsewhere
     r.block_length = 200;
     CHECK_THAT(validate_location(r, 4096), Contains("exceeds the mapped size 4096"));
     CHECK_THAT(validate_location(r, 8192), Contains("does not match the mapped size"));
+  }
+}
+
+namespace {
+
+// A valid inline record: the bytes in the record, no owner, segment, block or lease.
+Record inline_record(DType dtype, std::vector<std::int64_t> sizes,
+                     std::vector<std::int64_t> strides) {
+  Record r = tensor(dtype, std::move(sizes), std::move(strides));
+  r.flags = kFlagInline | kFlagCopied;
+  r.owner_token = 0;
+  r.owner_pid = 0;
+  r.segment_seq = 0;
+  r.segment_size = 0;
+  r.block_offset = 0;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("inline records: the bytes in the record, nothing named elsewhere", "[wire]") {
+  STATIC_REQUIRE(kInlineBytes >= 128);  // an envelope and an empty task's pickled result fit
+  STATIC_REQUIRE(kInlineOffset + kInlineBytes == sizeof(Record));
+  Record r = inline_record(DType::int64, {9}, {1});
+  REQUIRE(validate(r) == "");
+  CHECK(validate(inline_record(DType::uint8, {static_cast<std::int64_t>(kInlineBytes)}, {1})) == "");
+  CHECK(validate(inline_record(DType::float32, {2, 3, 1}, {3, 1, 7})) == "");  // a 1-dim's stride
+  CHECK(validate(inline_record(DType::float32, {}, {})) == "");                // a scalar
+  CHECK(validate(inline_record(DType::float32, {3, 0, 2}, {2, 2, 1})) == "");  // empty
+  SECTION("the bytes live where the CUDA section is, so it may be anything") {
+    std::memset(inline_bytes(r), 0xab, kInlineBytes);
+    CHECK(validate(r) == "");
+  }
+  SECTION("more bytes than the record has") {
+    Record big = inline_record(DType::uint8, {static_cast<std::int64_t>(kInlineBytes) + 1}, {1});
+    CHECK_THAT(validate(big), Contains("exceeds its " + std::to_string(kInlineBytes) + " bytes"));
+  }
+  SECTION("an owner, a segment, a block or a lease") {
+    r.owner_pid = 1;
+    CHECK_THAT(validate(r), Contains("names an owner, segment, block or lease"));
+    r = inline_record(DType::int64, {9}, {1});
+    r.lease_gen = 1;
+    CHECK_THAT(validate(r), Contains("names an owner, segment, block or lease"));
+  }
+  SECTION("a view that is not contiguous from the start") {
+    CHECK_THAT(validate(inline_record(DType::int32, {3, 2}, {1, 3})),
+               Contains("must be contiguous"));
+    Record off = inline_record(DType::int32, {4}, {1});
+    off.storage_offset = 1;
+    off.block_length = 20;
+    CHECK_THAT(validate(off), Contains("storage_offset 1 of an inline record"));
+    Record slack = inline_record(DType::int32, {4}, {1});
+    slack.block_length = 20;
+    CHECK_THAT(validate(slack), Contains("is not the inline block_length 20"));
+  }
+  SECTION("other flags, and a cuda device") {
+    r.flags |= kFlagToDevice;
+    r.device_index = 0;
+    CHECK_THAT(validate(r), Contains("on an inline record"));
+    Record c = inline_record(DType::int64, {9}, {1});
+    c.device_type = static_cast<std::uint8_t>(DeviceType::cuda);
+    c.device_index = 0;
+    CHECK_THAT(validate(c), Contains("inline are cpu records"));
   }
 }
 

@@ -405,6 +405,14 @@ def test_stats_count_zero_copy_and_copied_bytes_with_reasons():
     assert after["messages_sent"] == before["messages_sent"] + 1
     assert set(after["copies_by_reason"]) >= {"not_shared", "received", "detached"}
     assert after["arena"]["segments"] >= 1
+    # A small message's pickled bytes travel inside its queue record: counted there, neither
+    # as zero-copy nor as a copy. Its tensor, however small, is shared as ever.
+    q.put([1, torch.arange(4)])
+    assert torch.equal(q.get(timeout=5)[1], torch.arange(4))
+    last = ferry.stats()
+    assert last["tensors_in_record"] - after["tensors_in_record"] == 1
+    assert last["tensors_zero_copy"] - after["tensors_zero_copy"] == 1
+    assert last["tensors_copied"] == after["tensors_copied"]
 
 
 def test_shared_tensors():

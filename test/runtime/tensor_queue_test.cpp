@@ -263,8 +263,38 @@ TEST_CASE("send_described puts first a tensor made from how the rest travelled",
   CHECK(got[1].equal(shared));
   CHECK(got[2].equal(ordinary));
   const auto after = ferry::transport_stats();
-  CHECK(after.tensors_copied - before.tensors_copied == 2);  // the ordinary tensor and the header
+  CHECK(after.tensors_copied - before.tensors_copied == 1);  // the ordinary tensor
+  CHECK(after.tensors_in_record - before.tensors_in_record == 1);  // the 16-byte header
   CHECK(after.tensors_zero_copy - before.tensors_zero_copy == 1);
+}
+
+TEST_CASE("a small ordinary tensor crosses inside its record: no block, no lease, no custody",
+          "[queue]") {
+  auto q = TensorQueue::create({8});
+  const auto before = ferry::transport_stats();
+  const auto arena_before = ferry::arena_stats();
+  const pid_t child = ferry::test::fork_child([&] {
+    // Exits at once, leaving nothing in the queue's custody: the bytes are in the records.
+    ::setenv("FERRY_EXIT_LINGER_MS", "20000", 1);
+    const ferry::SendReport r =
+        q.send({at::arange(6, at::kLong).view({2, 3}), at::scalar_tensor(1.5), at::ones({1000})},
+               5s);
+    if (!r.tensors[0].in_record || !r.tensors[1].in_record || r.tensors[2].in_record) ::_exit(10);
+    if (r.counts().tensors_copied != 1) ::_exit(11);  // the large one only
+    std::exit(0);
+  });
+  REQUIRE(ferry::test::wait_child(child) == 0);
+  Tensors m = q.recv(5s);
+  REQUIRE(m.size() == 3);
+  CHECK(m[0].equal(at::arange(6, at::kLong).view({2, 3})));
+  CHECK(m[1].dim() == 0);
+  CHECK(m[1].item<float>() == 1.5f);
+  CHECK(m[2].equal(at::ones({1000})));
+  const auto after = ferry::transport_stats();
+  CHECK(after.tensors_received - before.tensors_received == 3);
+  CHECK(after.tensors_copied_on_receipt - before.tensors_copied_on_receipt == 1);  // the large one
+  CHECK(ferry::arena_stats().leases_outstanding == arena_before.leases_outstanding);
+  CHECK(ferry::arena_stats().blocks_in_use == arena_before.blocks_in_use);
 }
 
 TEST_CASE("a detached send copies even a shared tensor, so the receiver's view is its own",
@@ -431,7 +461,8 @@ TEST_CASE("a message of no tensors arrives as an empty list", "[queue]") {
 TEST_CASE("flush waits until the receiver has taken what was sent", "[queue]") {
   auto q = TensorQueue::create({4});
   REQUIRE(ferry::flush(0ms) == 0);
-  q.send({ferry::empty_shared({10}, at::kFloat), at::ones({3})}, 1s);
+  // Both in blocks (the ordinary one too large for its record): two leases to wait for.
+  q.send({ferry::empty_shared({10}, at::kFloat), at::ones({100})}, 1s);
   REQUIRE(ferry::flush(20ms) == 2);  // nobody has received yet
   const pid_t child = ferry::test::fork_child([&] {
     std::this_thread::sleep_for(50ms);
@@ -462,10 +493,11 @@ TEST_CASE("a sender that exits at once is delivered after it has gone, and does 
   const pid_t child = ferry::test::fork_child([&] {
     // So long that a sender which waited for its receiver to claim would still be here.
     ::setenv("FERRY_EXIT_LINGER_MS", "20000", 1);
-    q.send({ferry::empty_shared({1000}, at::kFloat).fill_(7), at::full({10}, 3.0),
+    // Each larger than a record holds, so each is a block that custody must keep.
+    q.send({ferry::empty_shared({1000}, at::kFloat).fill_(7), at::full({100}, 3.0),
             at::arange(1 << 16, at::kFloat)},
            5s);
-    q.send({at::ones({4})}, 5s);
+    q.send({at::ones({100})}, 5s);
     std::exit(0);
   });
   REQUIRE(ferry::test::wait_child(child) == 0);  // gone before anything was received
@@ -475,7 +507,7 @@ TEST_CASE("a sender that exits at once is delivered after it has gone, and does 
   REQUIRE(m[0].eq(7).all().item<bool>());
   REQUIRE(m[1].eq(3).all().item<bool>());
   REQUIRE(m[2].equal(at::arange(1 << 16, at::kFloat)));
-  REQUIRE(q.recv(5s)[0].equal(at::ones({4})));
+  REQUIRE(q.recv(5s)[0].equal(at::ones({100})));
   // Each is the receiver's own copy, so nothing of the dead sender stays mapped here.
   REQUIRE(ferry::transport_stats().tensors_copied_on_receipt - copied_before == 4);
   REQUIRE(shm_mappings() <= mapped_before);
