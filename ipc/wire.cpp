@@ -237,8 +237,8 @@ std::string validate(const Record& r) {
         if (r.flags & ~(kFlagInline | kFlagCopied)) {
           return "flags " + hex32(r.flags) + " on an inline record (only kFlagCopied may join)";
         }
-        if (r.owner_token != 0 || r.owner_pid != 0 || r.segment_seq != 0 ||
-            r.segment_size != 0 || r.block_offset != 0 || r.lease_slot != 0 || r.lease_gen != 0) {
+        if (r.owner_token != 0 || r.owner_pid != 0 || r.segment_seq != 0 || r.segment_size != 0 ||
+            r.block_offset != 0 || r.lease_slot != 0 || r.lease_gen != 0) {
           return "an inline record names an owner, segment, block or lease (expected all 0)";
         }
         if (r.block_length > kInlineBytes) {
@@ -312,8 +312,8 @@ std::string validate(const Record& r) {
     for (int i = r.rank - 1; i >= 0; --i) {
       if (r.sizes[i] != 1 && r.strides[i] != expected) {
         return "strides" + idx(i) + " is " + i64(r.strides[i]) +
-               " in an inline record, whose view must be contiguous (expected " +
-               i64(expected) + ")";
+               " in an inline record, whose view must be contiguous (expected " + i64(expected) +
+               ")";
       }
       expected *= r.sizes[i];  // no overflow: the extent above did not overflow
     }

@@ -13,7 +13,7 @@
 namespace ferry::wire {
 
 inline constexpr std::uint32_t kMagic = 0x59525246;  // "FRRY"
-inline constexpr std::uint16_t kVersion = 3;  // 2: the CUDA section; 3: bytes in the record
+inline constexpr std::uint16_t kVersion = 3;         // 2: the CUDA section; 3: bytes in the record
 inline constexpr int kMaxDims = 12;
 
 // Stable dtype codes. Never renumber: they are on the wire.

@@ -411,7 +411,8 @@ TEST_CASE("inline records: the bytes in the record, nothing named elsewhere", "[
   STATIC_REQUIRE(kInlineOffset + kInlineBytes == sizeof(Record));
   Record r = inline_record(DType::int64, {9}, {1});
   REQUIRE(validate(r) == "");
-  CHECK(validate(inline_record(DType::uint8, {static_cast<std::int64_t>(kInlineBytes)}, {1})) == "");
+  CHECK(validate(inline_record(DType::uint8, {static_cast<std::int64_t>(kInlineBytes)}, {1})) ==
+        "");
   CHECK(validate(inline_record(DType::float32, {2, 3, 1}, {3, 1, 7})) == "");  // a 1-dim's stride
   CHECK(validate(inline_record(DType::float32, {}, {})) == "");                // a scalar
   CHECK(validate(inline_record(DType::float32, {3, 0, 2}, {2, 2, 1})) == "");  // empty

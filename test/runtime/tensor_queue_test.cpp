@@ -263,7 +263,7 @@ TEST_CASE("send_described puts first a tensor made from how the rest travelled",
   CHECK(got[1].equal(shared));
   CHECK(got[2].equal(ordinary));
   const auto after = ferry::transport_stats();
-  CHECK(after.tensors_copied - before.tensors_copied == 1);  // the ordinary tensor
+  CHECK(after.tensors_copied - before.tensors_copied == 1);        // the ordinary tensor
   CHECK(after.tensors_in_record - before.tensors_in_record == 1);  // the 16-byte header
   CHECK(after.tensors_zero_copy - before.tensors_zero_copy == 1);
 }
@@ -276,9 +276,8 @@ TEST_CASE("a small ordinary tensor crosses inside its record: no block, no lease
   const pid_t child = ferry::test::fork_child([&] {
     // Exits at once, leaving nothing in the queue's custody: the bytes are in the records.
     ::setenv("FERRY_EXIT_LINGER_MS", "20000", 1);
-    const ferry::SendReport r =
-        q.send({at::arange(6, at::kLong).view({2, 3}), at::scalar_tensor(1.5), at::ones({1000})},
-               5s);
+    const ferry::SendReport r = q.send(
+        {at::arange(6, at::kLong).view({2, 3}), at::scalar_tensor(1.5), at::ones({1000})}, 5s);
     if (!r.tensors[0].in_record || !r.tensors[1].in_record || r.tensors[2].in_record) ::_exit(10);
     if (r.counts().tensors_copied != 1) ::_exit(11);  // the large one only
     std::exit(0);

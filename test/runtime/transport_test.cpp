@@ -44,8 +44,7 @@ bool eventually(Pred pred) {
 
 }  // namespace
 
-TEST_CASE("choose: a tensor travels by its device, a small copy inside its record",
-          "[transport]") {
+TEST_CASE("choose: a tensor travels by its device, a small copy inside its record", "[transport]") {
   using ferry::detail::Sending;
   constexpr std::uint64_t fits = ferry::wire::kInlineBytes;
   // Sending{cuda, shared, contiguous, bytes}
@@ -54,7 +53,7 @@ TEST_CASE("choose: a tensor travels by its device, a small copy inside its recor
   CHECK(choose(Sending{false, false, true, 0}) == Carrier::in_record);
   CHECK(choose(Sending{false, false, true, fits}) == Carrier::in_record);
   CHECK(choose(Sending{false, false, true, fits + 1}) == Carrier::shm_cpu);  // too big
-  CHECK(choose(Sending{false, true, true, 8}) == Carrier::shm_cpu);   // shared: stays in place
+  CHECK(choose(Sending{false, true, true, 8}) == Carrier::shm_cpu);    // shared: stays in place
   CHECK(choose(Sending{false, false, false, 8}) == Carrier::shm_cpu);  // strided: keeps its view
   CHECK(choose(Sending{}) == Carrier::shm_cpu);  // undefined or sparse: shm_cpu names the fault
 }

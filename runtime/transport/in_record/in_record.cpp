@@ -15,10 +15,11 @@ class InRecord final : public Transport {
     check_sendable(t, index);
     const std::size_t bytes = t.nbytes();
     if (!t.is_contiguous() || t.is_conj() || t.is_neg() || bytes > wire::kInlineBytes) {
-      throw Error(Errc::invalid_argument,
-                  "tensor " + std::to_string(index) + " (" + std::to_string(bytes) +
-                      " bytes) does not fit a record: only a contiguous, resolved tensor of at most " +
-                      std::to_string(wire::kInlineBytes) + " bytes travels in one");
+      throw Error(
+          Errc::invalid_argument,
+          "tensor " + std::to_string(index) + " (" + std::to_string(bytes) +
+              " bytes) does not fit a record: only a contiguous, resolved tensor of at most " +
+              std::to_string(wire::kInlineBytes) + " bytes travels in one");
     }
     Outgoing out;
     out.record = wire::make_record();
