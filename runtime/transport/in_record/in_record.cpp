@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "ipc/step_times.hpp"
 #include "runtime/transport/dtype.hpp"
 #include "runtime/transport/tensor_view.hpp"
 
@@ -24,12 +23,8 @@ class InRecord final : public Transport {
     Outgoing out;
     out.record = wire::make_record();
     wire::Record& r = out.record;
-    r.dtype = to_wire_dtype(t.scalar_type());
-    r.rank = static_cast<std::uint8_t>(t.dim());
-    for (std::int64_t d = 0; d < t.dim(); ++d) {
-      r.sizes[d] = t.size(d);
-      r.strides[d] = t.stride(d);
-    }
+    describe_view(t, r);
+    r.storage_offset = 0;  // only the view's own bytes are carried, from the first element
     r.block_length = bytes;
     r.device_type = static_cast<std::uint8_t>(wire::DeviceType::cpu);
     r.device_index = -1;
