@@ -2,9 +2,19 @@
 // (one header, catch2/catch.hpp), Debian forky and trixie 3.x (catch2/catch_all.hpp), which
 // renamed the string matcher Contains to ContainsSubstring and moved Approx into namespace Catch.
 // The tests spell them as 2.x does: Catch::Contains, Catch::StartsWith, Catch::EndsWith, Approx.
+// The major version is the one CMake found and links (FERRY_CATCH2_MAJOR, test/CMakeLists.txt):
+// where both are installed, 2.x's header must not win over the 3.x library, or nothing links.
 #pragma once
 
-#if __has_include(<catch2/catch.hpp>)
+#if defined(FERRY_CATCH2_MAJOR)
+#define FERRY_CATCH2_IS_2 (FERRY_CATCH2_MAJOR < 3)
+#elif __has_include(<catch2/catch.hpp>)
+#define FERRY_CATCH2_IS_2 1
+#else
+#define FERRY_CATCH2_IS_2 0
+#endif
+
+#if FERRY_CATCH2_IS_2
 #include <catch2/catch.hpp>
 #else
 #include <catch2/catch_all.hpp>

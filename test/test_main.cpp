@@ -1,9 +1,7 @@
 // The main() of every Catch2 test binary, for Catch2 2.x and 3.x alike (test/catch.hpp): 2.x
 // compiles its runner into the one file that defines CATCH_CONFIG_RUNNER, 3.x has it in its
-// library already.
-#if __has_include(<catch2/catch.hpp>)
+// library already and ignores the macro.
 #define CATCH_CONFIG_RUNNER
-#endif
 #include "catch.hpp"
 
 int main(int argc, char* argv[]) {
