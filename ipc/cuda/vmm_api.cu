@@ -20,6 +20,7 @@ constexpr auto kFdType = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 // The driver functions used here, or null members without a driver.
 struct Driver {
   decltype(&cuPointerGetAttributes) pointer_get_attributes;
+  decltype(&cuMemGetAddressRange) address_range;
   decltype(&cuMemRetainAllocationHandle) retain;
   decltype(&cuMemGetAllocationPropertiesFromHandle) properties;
   decltype(&cuMemExportToShareableHandle) export_handle;
@@ -44,6 +45,7 @@ const Driver& drv() {
   static const Driver d = [] {
     Driver x{};
     look_up(x.pointer_get_attributes, "cuPointerGetAttributes");
+    look_up(x.address_range, "cuMemGetAddressRange");
     look_up(x.retain, "cuMemRetainAllocationHandle");
     look_up(x.properties, "cuMemGetAllocationPropertiesFromHandle");
     look_up(x.export_handle, "cuMemExportToShareableHandle");
@@ -56,9 +58,9 @@ const Driver& drv() {
     look_up(x.map, "cuMemMap");
     look_up(x.set_access, "cuMemSetAccess");
     // Last: ok() tests it, so a driver missing any of the others reads as missing.
-    bool all = x.pointer_get_attributes && x.retain && x.properties && x.export_handle &&
-               x.import_handle && x.granularity && x.create && x.release && x.reserve && x.free &&
-               x.map && x.set_access;
+    bool all = x.pointer_get_attributes && x.address_range && x.retain && x.properties &&
+               x.export_handle && x.import_handle && x.granularity && x.create && x.release &&
+               x.reserve && x.free && x.map && x.set_access;
     if (all) look_up(x.unmap, "cuMemUnmap");
     return x;
   }();
@@ -85,18 +87,25 @@ class DeviceVmm final : public VmmOps {
     const Driver& d = drv();
     if (!d.ok()) return no_driver();
     *out = Chunk{};
-    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    // The pointer's RANGE_START_ADDR and RANGE_SIZE name the whole reservation (all of an
+    // expandable segment's address space), not the allocation mapped at addr: mapping that size
+    // from one chunk's handle fails in the peer (CUDA_ERROR_NOT_SUPPORTED, seen on an H200).
+    // cuMemGetAddressRange gives the mapping itself.
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_BUFFER_ID,
                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
-    CUdeviceptr start = 0;
-    std::size_t size = 0;
     unsigned long long id = 0;
     int ordinal = -1;
-    void* values[] = {&start, &size, &id, &ordinal};
+    void* values[] = {&id, &ordinal};
     if (CUresult r = timed("cuPointerGetAttributes",
-                           [&] { return d.pointer_get_attributes(4, attrs, values, addr); });
+                           [&] { return d.pointer_get_attributes(2, attrs, values, addr); });
         r != CUDA_SUCCESS)
       return fail("cuPointerGetAttributes", r);
+    CUdeviceptr start = 0;
+    std::size_t size = 0;
+    if (CUresult r =
+            timed("cuMemGetAddressRange", [&] { return d.address_range(&start, &size, addr); });
+        r != CUDA_SUCCESS)
+      return fail("cuMemGetAddressRange", r);
     out->base = start;
     out->size = size;
     out->buffer_id = id;
