@@ -4,6 +4,7 @@
 #include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
+#include <dirent.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -22,9 +23,11 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace ferry::test {
 
@@ -93,6 +96,22 @@ inline void in_child(const std::function<void()>& fn) {
     return;
   }
   REQUIRE(code == 0);
+}
+
+// The names in /dev/shm that segments of these processes have (ferry-<pid>-<n>). A test checks
+// these, never the whole folder: other tests and programs come and go there beside it (CUDA's
+// cuda.shm.*, torch's torch_*, Python's sem.mp-* on a GPU machine).
+inline std::set<std::string> shm_names_of(const std::vector<pid_t>& pids) {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      for (pid_t p : pids)
+        if (name.rfind("ferry-" + std::to_string(p) + "-", 0) == 0) names.insert(name);
+    }
+    ::closedir(d);
+  }
+  return names;
 }
 
 // Whether a path /proc shows for an fd or a mapping is one of ferry's segments: a nameless file in

@@ -29,14 +29,6 @@ using ferry::SegmentPlace;
 
 namespace {
 
-std::set<std::string> shm_entries() {
-  std::set<std::string> names;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
-    ::closedir(d);
-  }
-  return names;
-}
 
 // Throws unless `what` says each of `needles`.
 void require_mentions(const std::string& what, std::initializer_list<const char*> needles) {
@@ -64,7 +56,6 @@ TEST_CASE("segments leave nothing in /dev/shm, even when their owner is SIGKILLe
   const SegmentPlace place =
       GENERATE(SegmentPlace{SegmentBacking::memfd, "/dev/shm"}, SegmentPlace::in_dir("/dev/shm"));
   INFO("backing " << ferry::backing_name(place.backing));
-  const auto before = shm_entries();
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   const pid_t child = ferry::test::fork_child([&] {
@@ -80,7 +71,7 @@ TEST_CASE("segments leave nothing in /dev/shm, even when their owner is SIGKILLe
   REQUIRE(ferry::test::wait_child(child) == 128 + SIGKILL);
   ::close(ready[0]);
   ::close(ready[1]);
-  REQUIRE(shm_entries() == before);
+  REQUIRE(ferry::test::shm_names_of({child}).empty());
 }
 
 TEST_CASE("a peer fetches a segment's fd from its owner once, by SCM_RIGHTS", "[segment]") {

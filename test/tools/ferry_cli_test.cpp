@@ -91,15 +91,6 @@ std::vector<pid_t> children_of(pid_t pid) {
   return out;
 }
 
-std::set<std::string> shm_entries() {
-  std::set<std::string> out;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) out.insert(e->d_name);
-    ::closedir(d);
-  }
-  return out;
-}
-
 TEST_CASE("ferry run with no options runs the built-in mlp and prints a summary", "[fork]") {
   TempDir dir;
   const Ran r = run(dir, "run");
@@ -230,7 +221,6 @@ TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no s
           "[fork]") {
   for (const int sig : {SIGTERM, SIGINT}) {
     TempDir dir;
-    const auto shm_before = shm_entries();
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::setpgid(0, 0);  // as a job in a shell: SIGINT reaches its workers too
@@ -256,7 +246,8 @@ TEST_CASE("SIGTERM or SIGINT to ferry run stops it cleanly: no worker left, no s
     CHECK(code == 128 + sig);
     CHECK_THAT(slurp(dir / "err"), Catch::Contains("stopped by"));
     for (pid_t w : workers) CHECK_FALSE(ferry::process_alive(w));
-    CHECK(shm_entries() == shm_before);
+    workers.push_back(pid);
+    CHECK(ferry::test::shm_names_of(workers).empty());
   }
 }
 
@@ -282,7 +273,6 @@ TEST_CASE("SIGTERM taken by a thread that started before ferry run's main still 
   // default action would end ferry run at once: exit 143 still, but no message, and no workers
   // stopped. Spawned workers, so ThreadSanitizer runs it too.
   TempDir dir;
-  const auto shm_before = shm_entries();
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -317,7 +307,8 @@ TEST_CASE("SIGTERM taken by a thread that started before ferry run's main still 
   CHECK(code == 128 + SIGTERM);
   CHECK_THAT(slurp(dir / "err"), Catch::Contains("stopped by SIGTERM"));
   for (pid_t w : workers) CHECK_FALSE(ferry::process_alive(w));
-  CHECK(shm_entries() == shm_before);
+  workers.push_back(pid);
+  CHECK(ferry::test::shm_names_of(workers).empty());
 }
 
 TEST_CASE("bad arguments and inputs are exit code 2 with the bad value named") {
