@@ -434,13 +434,19 @@ std::string cuda_version(int v) {
 }
 
 // The kernel module's version, as nvidia-smi prints it ("580.65.06"); the CUDA API level alone
-// does not tell two drivers apart.
+// does not tell two drivers apart. /sys/module/nvidia/version holds just that; /proc's line names
+// the module first, and the open module's ("... Open Kernel Module for x86_64  580.65.06 ...")
+// has digits before the version.
 std::string nvidia_driver() {
+  std::string v;
+  std::ifstream("/sys/module/nvidia/version") >> v;
+  if (std::regex_match(v, std::regex(R"([0-9]+\.[0-9]+(\.[0-9]+)?)"))) return v;
   std::ifstream f("/proc/driver/nvidia/version");
   std::string line;
   std::getline(f, line);
   std::smatch m;
-  if (std::regex_search(line, m, std::regex(R"(Kernel Module[^0-9]*([0-9]+\.[0-9]+(\.[0-9]+)?))")))
+  if (std::regex_search(line, m,
+                        std::regex(R"(Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9]+(\.[0-9]+)?))")))
     return m[1];
   return "";
 }
