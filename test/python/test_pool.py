@@ -146,6 +146,11 @@ def test_queue_depth_follows_task_length():
     # short (no process wake-up per task), and few again once they turn long.
     with ferry.Pool(2) as p:
         assert [w["limit"] for w in p.stats()["workers"]] == [3, 3]
+        # Some tasks for each first (the least loaded worker takes the next): a worker's first
+        # call imports this module, torch with it, which took a pip PyTorch on 16 cores longer
+        # than the other worker needed for all 2000 tasks; the late worker then ended with 3
+        # slow results and stayed at 3, rightly.
+        p.map(_nap, [0.05] * 8, chunksize=1)
         assert p.map(square, range(2000), chunksize=1) == [i * i for i in range(2000)]
         deep = [w["limit"] for w in p.stats()["workers"]]
         assert all(d > 3 for d in deep), deep
