@@ -2,11 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ipc/error.hpp"
 #include "ipc/wire.hpp"
-#include "runtime/shared_tensor.hpp"
 
 namespace ferry::protocol {
 namespace {
@@ -142,17 +142,35 @@ ResultEnvelope unpack_result(const at::Tensor& t) {
   return e;
 }
 
-at::Tensor text_tensor(const std::string& text) {
-  at::Tensor t = empty_shared({static_cast<std::int64_t>(text.size())}, at::kByte);
-  if (!text.empty()) std::memcpy(t.data_ptr(), text.data(), text.size());
-  return t;
+std::vector<at::Tensor> text_tensors(const std::string& text) {
+  const std::size_t piece = wire::kInlineBytes;
+  std::string body = text;
+  if (body.size() > piece * kMaxTensorsPerTask) {
+    // The note is at most one piece long; what is kept leaves room for it.
+    const std::size_t kept = piece * (kMaxTensorsPerTask - 1);
+    const std::string note = " ... (" + std::to_string(body.size() - kept) + " more bytes cut)";
+    body = body.substr(0, kept) + note;
+  }
+  std::vector<at::Tensor> out;
+  for (std::size_t at = 0; at < body.size() || out.empty(); at += piece) {
+    const std::size_t n = std::min(piece, body.size() - std::min(at, body.size()));
+    at::Tensor t = at::empty({static_cast<std::int64_t>(n)}, at::kByte);
+    if (n > 0) std::memcpy(t.data_ptr(), body.data() + at, n);
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
-std::string tensor_text(const at::Tensor& t) {
-  if (!t.defined() || t.scalar_type() != at::kByte || t.dim() != 1 || !t.is_contiguous()) {
-    throw Error(Errc::bad_record, "an error message tensor is not a 1-d uint8 tensor");
+std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from) {
+  std::string text;
+  for (std::size_t i = from; i < message.size(); ++i) {
+    const at::Tensor& t = message[i];
+    if (!t.defined() || t.scalar_type() != at::kByte || t.dim() != 1 || !t.is_contiguous()) {
+      throw Error(Errc::bad_record, "an error message tensor is not a 1-d uint8 tensor");
+    }
+    text.append(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.numel()));
   }
-  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<std::size_t>(t.numel()));
+  return text;
 }
 
 }  // namespace ferry::protocol

@@ -63,8 +63,8 @@ struct TaskEnvelope {
   std::uint32_t task_index = 0;  // position in the Welcome's task list
 };
 
-// First tensor of a message on a worker's result queue. On failure the second tensor holds the
-// task's error message (see text_tensor()). The worker's transport counters ride along so the
+// First tensor of a message on a worker's result queue. On failure the tensors after it hold the
+// task's error message (see text_tensors()). The worker's transport counters ride along so the
 // supervisor can report per-worker zero-copy and copied bytes without another channel.
 struct ResultEnvelope {
   std::uint64_t task_id = 0;
@@ -80,8 +80,12 @@ at::Tensor pack(const ResultEnvelope& e);
 TaskEnvelope unpack_task(const at::Tensor& t);
 ResultEnvelope unpack_result(const at::Tensor& t);
 
-// A message as a uint8 tensor, and back.
-at::Tensor text_tensor(const std::string& text);
-std::string tensor_text(const at::Tensor& t);
+// A message as 1-d uint8 tensors of at most wire::kInlineBytes each, which travel inside their
+// records (runtime/transport/in_record): a failed task's reply needs no shared memory, so a worker
+// whose arena is full can still say why. Past kMaxTensorsPerTask pieces the text is cut, and the
+// last piece says how much was left out.
+std::vector<at::Tensor> text_tensors(const std::string& text);
+// The text of message[from], message[from + 1]... joined; Error(bad_record) when one is not text.
+std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from);
 
 }  // namespace ferry::protocol

@@ -103,10 +103,17 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   } catch (...) {
     error = "threw something that is not a std::exception";
   }
+  // A failed task's reply travels in its records alone (text_tensors): it cannot fail for want
+  // of shared memory.
+  auto fail_with = [&](const std::string& text) {
+    reply.ok = false;
+    Tensors m = protocol::text_tensors(text);
+    m.insert(m.begin(), protocol::pack(reply));
+    results.send(m);
+  };
   try {
     if (!error.empty()) {
-      reply.ok = false;
-      results.send({protocol::pack(reply), protocol::text_tensor(error)});
+      fail_with(error);
     } else {
       // The envelope counts how this message's results travel, as the send itself reports it.
       results.send_described(
@@ -124,10 +131,9 @@ void handle(const Tensors& message, const protocol::Hello& hello,
     if (!error.empty() || e.code() == Errc::peer_dead || e.code() == Errc::closed) throw;
     // The results cannot travel (shared memory full, too many tensors out): the task fails with
     // that error, which names the sizes and the remedy, instead of this worker dying for it and
-    // the next one with it. The error's own message is small enough to fit where they did not.
+    // the next one with it.
     reply = protocol::ResultEnvelope{env.task_id, env.attempt, false};  // nothing was sent
-    results.send({protocol::pack(reply),
-                  protocol::text_tensor("its results could not be sent back: " + e.detail())});
+    fail_with("its results could not be sent back: " + e.detail());
   }
 }
 

@@ -35,7 +35,7 @@ std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
   } else {
     text = "(no message)";
     try {
-      if (message.size() > 1) text = protocol::tensor_text(message[1]);
+      if (message.size() > 1) text = protocol::tensors_text(message, 1);
     } catch (const Error& e) {
       text = e.detail();
     }

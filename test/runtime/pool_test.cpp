@@ -210,6 +210,47 @@ TEST_CASE(
   for (const auto& w : pool.stats().workers) CHECK(w.restarts == 1);
 }
 
+TEST_CASE("a worker whose results find no shared memory fails the task with why, and lives",
+          "[tmpfs]") {
+  test::in_child([] {
+    const std::string shm = test::private_tmpfs(8 << 20);
+    ::setenv("FERRY_ARENA_SEGMENT_MB", "1", 1);
+    Pool pool(cpu_pool(1));
+    const at::Tensor quarter_mib = at::scalar_tensor(std::int64_t{1} << 16, at::kLong);
+    // Results stay in the worker's arena while they are held here (256 KiB: not copied out).
+    std::vector<Tensors> held{pool.submit("zeros", {quarter_mib}).get()};
+    // Another file takes every free byte of the filesystem.
+    const int fd = ::open((shm + "/filler").c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd < 0) throw std::runtime_error("cannot make the filler");
+    for (off_t at = 0, step = 8 << 20; step >= 4096;) {
+      if (::posix_fallocate(fd, at, step) == 0) {
+        at += step;
+      } else {
+        step /= 2;
+      }
+    }
+    std::string error;
+    for (int i = 0; i < 16 && error.empty(); ++i) {
+      try {
+        held.push_back(pool.submit("zeros", {quarter_mib}).get());
+      } catch (const TaskError& e) {
+        error = e.what();
+      }
+    }
+    // Its reply said why without shared memory of its own; before, writing the error needed a
+    // block too, and the worker died and was restarted into the same full filesystem.
+    if (error.find("could not be sent back") == std::string::npos ||
+        error.find("Remedy") == std::string::npos) {
+      throw std::runtime_error("no task failed with the shared-memory error; got: '" + error + "'");
+    }
+    if (pool.stats().workers[0].restarts != 0) throw std::runtime_error("the worker restarted");
+    for (const Tensors& r : held) {
+      if (r.at(0).abs().sum().item<double>() != 0) throw std::runtime_error("a result changed");
+    }
+    ::close(fd);
+  });
+}
+
 TEST_CASE("a task past its timeout kills its worker and fails naming the timeout") {
   PoolOptions o = cpu_pool(1);
   // Long enough that the restarted worker's first task never hits it on a loaded machine.

@@ -29,6 +29,11 @@ FERRY_TASK("sleep_echo", [](TaskContext&, Tensors in) {
   return Tensors{in.at(1) + 0};
 });
 
+// in[0]: how many float32 zeros to return (int64 scalar): a large result from a small input.
+FERRY_TASK("zeros", [](TaskContext&, Tensors in) {
+  return Tensors{at::zeros({in.at(0).item<std::int64_t>()}, at::kFloat)};
+});
+
 // Throws for inputs whose first element is negative.
 FERRY_TASK("fail_if_negative", [](TaskContext& ctx, Tensors in) {
   const auto v = in.at(0).item<std::int64_t>();

@@ -1,10 +1,13 @@
-// The task registry and the worker executable's own command line.
+// The task registry, the worker executable's own command line, and how a failed task's reply
+// carries its error.
 #include "workers/task_registry.hpp"
 
 #include <cstdio>
 #include <string>
 
 #include "../test_util.hpp"
+#include "ipc/wire.hpp"
+#include "runtime/worker_protocol.hpp"
 #include "workers/worker_loop.hpp"
 
 namespace ferry {
@@ -49,6 +52,34 @@ TEST_CASE("a worker executable lists its tasks, and refuses to be run by hand") 
   // A control fd that is not a socket from a supervisor: a clear failure, not a hang.
   run(std::string(FERRY_TEST_WORKER) + " --ferry-control-fd 0 < /dev/null", &code);
   CHECK(code != 0);
+}
+
+TEST_CASE("an error's text travels in pieces that fit in their records, and joins back whole") {
+  const std::size_t piece = wire::kInlineBytes;
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, piece, piece + 1, 5 * piece + 3}) {
+    std::string text(n, 'x');
+    for (std::size_t i = 0; i < n; ++i) text[i] = static_cast<char>('a' + i % 26);
+    const std::vector<at::Tensor> m = protocol::text_tensors(text);
+    CHECK(m.size() == std::max<std::size_t>(1, (n + piece - 1) / piece));
+    for (const at::Tensor& t : m) {
+      CHECK(t.scalar_type() == at::kByte);
+      CHECK(static_cast<std::size_t>(t.nbytes()) <= piece);
+    }
+    std::vector<at::Tensor> message{at::zeros({9}, at::kLong)};  // the envelope comes first
+    message.insert(message.end(), m.begin(), m.end());
+    CHECK(protocol::tensors_text(message, 1) == text);
+  }
+  // Past a message's tensors, the text is cut and says how much went.
+  const std::string huge(piece * protocol::kMaxTensorsPerTask + 1000, 'y');
+  const std::vector<at::Tensor> m = protocol::text_tensors(huge);
+  CHECK(m.size() == protocol::kMaxTensorsPerTask);
+  const std::string back = protocol::tensors_text(m, 0);
+  CHECK_THAT(back, Catch::EndsWith(" more bytes cut)"));
+  CHECK_THAT(back, Catch::Contains(std::to_string(piece + 1000)));
+  CHECK(back.rfind(std::string(piece * (protocol::kMaxTensorsPerTask - 1), 'y'), 0) == 0);
+  // Anything else where the text should be is a bad record, not a crash.
+  CHECK_THROWS_WITH(protocol::tensors_text({at::zeros({2}, at::kFloat)}, 0),
+                    Catch::Contains("uint8"));
 }
 
 }  // namespace
