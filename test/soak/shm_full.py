@@ -75,7 +75,8 @@ def _run(ctx, p, dir_):
         try:
             code = proc.wait(timeout=max(1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            # Its workers too: they hold the filesystem's files, and it could not be unmounted.
+            procs.kill_all([proc.pid, *procs.children(proc.pid)])
             proc.wait()
             code = "hang"
         seconds = time.monotonic() - t0
@@ -139,6 +140,7 @@ def run(ctx, p):
         if left:
             problems.append(f"processes still running afterwards: {left}")
             procs.kill_all(left)
+            procs.wait_gone(left, 10.0)  # a killed process holds its files until it is gone
         procs.reap_zombies()
         used = procs.shm_used(dir_)
         if used > 0:
