@@ -1,10 +1,10 @@
 // Helpers for tests that cross real process boundaries.
 #pragma once
 
+#include <dirent.h>
 #include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
-#include <dirent.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>

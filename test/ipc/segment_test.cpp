@@ -1,6 +1,5 @@
 #include "ipc/segment.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -10,7 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <initializer_list>
-#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -28,7 +26,6 @@ using ferry::SegmentBacking;
 using ferry::SegmentPlace;
 
 namespace {
-
 
 // Throws unless `what` says each of `needles`.
 void require_mentions(const std::string& what, std::initializer_list<const char*> needles) {
