@@ -152,12 +152,14 @@ std::vector<at::Tensor> text_tensors(const std::string& text) {
     body = body.substr(0, kept) + note;
   }
   std::vector<at::Tensor> out;
-  for (std::size_t at = 0; at < body.size() || out.empty(); at += piece) {
-    const std::size_t n = std::min(piece, body.size() - std::min(at, body.size()));
+  std::size_t at = 0;
+  do {  // an empty text is one empty piece
+    const std::size_t n = std::min(piece, body.size() - at);
     at::Tensor t = at::empty({static_cast<std::int64_t>(n)}, at::kByte);
     if (n > 0) std::memcpy(t.data_ptr(), body.data() + at, n);
     out.push_back(std::move(t));
-  }
+    at += n;
+  } while (at < body.size());
   return out;
 }
 
