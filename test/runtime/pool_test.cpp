@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../fill_filesystem.hpp"
 #include "../test_util.hpp"
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/process.hpp"
@@ -219,16 +220,7 @@ TEST_CASE("a worker whose results find no shared memory fails the task with why,
     const at::Tensor quarter_mib = at::scalar_tensor(std::int64_t{1} << 16, at::kLong);
     // Results stay in the worker's arena while they are held here (256 KiB: not copied out).
     std::vector<Tensors> held{pool.submit("zeros", {quarter_mib}).get()};
-    // Another file takes every free byte of the filesystem.
-    const int fd = ::open((shm + "/filler").c_str(), O_CREAT | O_RDWR, 0600);
-    if (fd < 0) throw std::runtime_error("cannot make the filler");
-    for (off_t at = 0, step = 8 << 20; step >= 4096;) {
-      if (::posix_fallocate(fd, at, step) == 0) {
-        at += step;
-      } else {
-        step /= 2;
-      }
-    }
+    test::fill_filesystem(shm);  // another file takes every free byte
     std::string error;
     for (int i = 0; i < 16 && error.empty(); ++i) {
       try {
@@ -247,7 +239,6 @@ TEST_CASE("a worker whose results find no shared memory fails the task with why,
     for (const Tensors& r : held) {
       if (r.at(0).abs().sum().item<double>() != 0) throw std::runtime_error("a result changed");
     }
-    ::close(fd);
   });
 }
 

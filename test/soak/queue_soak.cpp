@@ -14,7 +14,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "../fill_filesystem.hpp"
 #include "ipc/error.hpp"
 #include "message_pattern.hpp"
 #include "runtime/shared_tensor.hpp"
@@ -317,22 +317,6 @@ struct FillOptions {
   int timeout_ms = 10000;
 };
 
-// Fills the filesystem of `dir` with one file, the way another job would, and returns its path.
-std::string fill_up(const std::string& dir) {
-  const std::string path = dir + "/soak-filler";
-  const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
-  struct statvfs v {};
-  ::statvfs(dir.c_str(), &v);
-  off_t left = off_t(v.f_bavail) * off_t(v.f_frsize);
-  off_t at = 0;
-  for (off_t step = left; step >= 4096; step /= 2) {  // the last pages may not all fit at once
-    while (::posix_fallocate(fd, at, step) == 0) at += step;
-  }
-  ::close(fd);
-  return path;
-}
-
 // Sends until the shm is full; the error must name the sizes and the remedy.
 int fill_sender(TensorQueue& q, std::uint64_t seed, int result_fd, Ms timeout) {
   std::mt19937_64 rng(seed);
@@ -418,7 +402,7 @@ int run_fill(const FillOptions& o) {
     for (int* p : {progress, sent_pipe, got_pipe}) ::close(p[1]);
     std::vector<char> seen(std::size_t(fill_after), 0);
     const bool started = read_bytes(progress[0], seen.data(), seen.size(), Clock::now() + timeout);
-    const std::string filler = fill_up(dir);
+    const std::string filler = ferry::test::fill_filesystem(dir, "soak-filler");
     // The receiver must not block on its progress pipe while the sender drains into it.
     std::thread drain([fd = progress[0]] {
       char buf[4096];
