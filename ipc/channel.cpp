@@ -547,6 +547,30 @@ std::byte* Channel::slot(std::uint64_t position) const noexcept {
   return segment_->data() + kHeaderBytes + (position % h->capacity) * h->slot_size;
 }
 
+// Adds `role` to `pid`'s entry in the participants table, taking a free entry, or one of a dead
+// process, when it has none. False when every entry is held by a live process.
+bool Channel::enter(pid_t pid, std::uint32_t role) {
+  auto& table = header()->participants;
+  for (auto& e : table) {
+    std::uint64_t v = e.load(std::memory_order_acquire);
+    while (pid_of(v) == pid) {
+      if (e.compare_exchange_weak(v, pack(pid, roles_of(v) | role))) return true;
+    }
+  }
+  for (auto& e : table) {
+    std::uint64_t v = 0;
+    if (e.compare_exchange_strong(v, pack(pid, role))) return true;
+  }
+  for (auto& e : table) {
+    std::uint64_t v = e.load(std::memory_order_acquire);
+    if (v == 0 || pid_of(v) == pid || process_alive(pid_of(v))) continue;
+    // Published before the entry is recycled so a waiter never loses sight of that death.
+    header()->dead_roles.fetch_or(roles_of(v));
+    if (e.compare_exchange_strong(v, pack(pid, role))) return true;
+  }
+  return false;
+}
+
 void Channel::register_role(std::uint32_t role) {
   const pid_t self = current_pid();
   // A forked child inherits this object but is a different participant.
@@ -555,37 +579,20 @@ void Channel::register_role(std::uint32_t role) {
     registered_pid_.store(self, std::memory_order_relaxed);
   }
   if (registered_roles_.load(std::memory_order_relaxed) & role) return;
-
-  auto& table = header()->participants;
-  auto done = [&] { registered_roles_.fetch_or(role, std::memory_order_relaxed); };
-  for (auto& e : table) {
-    std::uint64_t v = e.load(std::memory_order_acquire);
-    while (pid_of(v) == self) {
-      if (e.compare_exchange_weak(v, pack(self, roles_of(v) | role))) return done();
+  if (!enter(self, role)) {
+    if (role == kRoleHolder) {
+      // Every child forked while a Python queue exists holds it, most never use it: no warning
+      // for them. One that acts later tries again for its role, and warns then.
+      ferry::log().debug("channel: no participant entry free for holder {}", self);
+    } else {
+      ferry::log().warn(
+          "channel: all {} participant entries are held by live processes; process {} is not "
+          "registered, so peers waiting on it will time out rather than see peer_dead if it "
+          "dies",
+          kParticipants, self);
     }
   }
-  for (auto& e : table) {
-    std::uint64_t v = 0;
-    if (e.compare_exchange_strong(v, pack(self, role))) return done();
-  }
-  for (auto& e : table) {
-    std::uint64_t v = e.load(std::memory_order_acquire);
-    if (v == 0 || process_alive(pid_of(v))) continue;
-    // Published before the entry is recycled so a waiter never loses sight of that death.
-    header()->dead_roles.fetch_or(roles_of(v));
-    if (e.compare_exchange_strong(v, pack(self, role))) return done();
-  }
-  if (role == kRoleHolder) {
-    // Every child forked while a Python queue exists holds it, most never use it: no warning
-    // for them. One that acts later tries again for its role, and warns then.
-    ferry::log().debug("channel: no participant entry free for holder {}", self);
-  } else {
-    ferry::log().warn(
-        "channel: all {} participant entries are held by live processes; process {} is not "
-        "registered, so peers waiting on it will time out rather than see peer_dead if it dies",
-        kParticipants, self);
-  }
-  done();  // do not rescan the table on every operation
+  registered_roles_.fetch_or(role, std::memory_order_relaxed);  // do not rescan every time
 }
 
 void Channel::hold(bool announced) {
@@ -602,7 +609,23 @@ void Channel::announce() noexcept {
   header()->announced.fetch_add(1, std::memory_order_acq_rel);
 }
 
-bool Channel::counterpart_gone(Waiting waiting) const {
+bool Channel::expire_announced(pid_t child) {
+  if (child <= 0 || process_alive(child)) return false;
+  for (const auto& e : header()->participants) {
+    if (pid_of(e.load(std::memory_order_acquire)) == child) return false;  // it arrived
+  }
+  auto& count = header()->announced;
+  std::uint32_t n = count.load(std::memory_order_acquire);
+  do {
+    if (n == 0) return false;
+  } while (!count.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel));
+  // It was handed the channel and could have acted on either side: its death counts as a
+  // holder's, and waiters name it.
+  if (!enter(child, kRoleHolder)) header()->dead_roles.fetch_or(kRoleHolder);
+  return true;
+}
+
+std::optional<std::string> Channel::counterpart_gone(Waiting waiting) const {
   const pid_t self = current_pid();
   const Header* h = header();
   const std::uint32_t needed = waiting == Waiting::pop ? kMayPush : kMayPop;
@@ -611,6 +634,7 @@ bool Channel::counterpart_gone(Waiting waiting) const {
     self_roles = registered_roles_.load(std::memory_order_relaxed);
   }
   std::vector<Participant> others;
+  std::vector<pid_t> pids;
   others.reserve(kParticipants);
   for (const auto& e : h->participants) {
     const std::uint64_t v = e.load(std::memory_order_acquire);
@@ -620,13 +644,32 @@ bool Channel::counterpart_gone(Waiting waiting) const {
       continue;
     }
     // Liveness reads /proc, so it is asked only where the rule looks at it (a process that
-    // acted on the other side may also act there).
+    // may act on the other side).
     const bool matters = (capabilities(roles_of(v)) & needed) != 0;
     others.push_back({roles_of(v), matters && process_alive(pid_of(v))});
+    pids.push_back(pid_of(v));
   }
-  return ferry::counterpart_gone(waiting, self_roles, others,
-                                 h->dead_roles.load(std::memory_order_acquire),
-                                 h->announced.load(std::memory_order_acquire));
+  const std::uint32_t dead_roles = h->dead_roles.load(std::memory_order_acquire);
+  if (!ferry::counterpart_gone(waiting, self_roles, others, dead_roles,
+                               h->announced.load(std::memory_order_acquire))) {
+    return std::nullopt;
+  }
+  // Who could have served the waiter, and how each ended.
+  std::string who;
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    if ((capabilities(others[i].roles) & needed) == 0) continue;
+    const std::uint32_t r = others[i].roles;
+    const char* did = (r & (kRoleProducer | kRoleConsumer)) == 0   ? "held it"
+                      : (r & kRoleProducer) && (r & kRoleConsumer) ? "pushed and popped"
+                      : (r & kRoleProducer)                        ? "pushed"
+                                                                   : "popped";
+    if (!who.empty()) who += ", ";
+    who += "pid " + std::to_string(pids[i]) + " (" + did + "; " + describe_exit(pids[i]) + ")";
+  }
+  if (dead_roles != 0 && (capabilities(dead_roles) & needed) != 0) {
+    who += std::string(who.empty() ? "" : ", ") + "others whose places in the table were reused";
+  }
+  return who;
 }
 
 std::uint64_t Channel::push(const void* records, std::uint32_t count,
@@ -675,10 +718,13 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
       return seq;
     }
     // Before the deadline: a wait that slept and runs out now still reports a death it sees.
-    if (peer_check.due() && counterpart_gone(Waiting::push)) {
-      throw Error(Errc::peer_dead,
-                  "push: the channel is full and every process that popped from it, or could have, "
-                  "has exited");
+    if (peer_check.due()) {
+      if (const auto gone = counterpart_gone(Waiting::push)) {
+        throw Error(Errc::peer_dead,
+                    "push: the queue is full and nothing will ever take from it: every other "
+                    "process that held it, and could have popped, has exited: " +
+                        *gone + "; their own output says why");
+      }
     }
     if (deadline.passed()) {
       throw Error(
@@ -741,15 +787,18 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
       wake(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, popped);
       return popped;
     }
-    if (peer_check.due() && counterpart_gone(Waiting::pop)) {
-      // A producer may have pushed its last message and exited after the ring was found empty
-      // above: with every producer gone the ring can only have filled, so look once more.
-      if (h->tail.load(std::memory_order_acquire) != h->head.load(std::memory_order_acquire)) {
-        continue;
+    if (peer_check.due()) {
+      if (const auto gone = counterpart_gone(Waiting::pop)) {
+        // A producer may have pushed its last message and exited after the ring was found
+        // empty above: with every producer gone the ring can only have filled, so look again.
+        if (h->tail.load(std::memory_order_acquire) != h->head.load(std::memory_order_acquire)) {
+          continue;
+        }
+        throw Error(Errc::peer_dead,
+                    "pop: the queue is empty and nothing more can come: every other process that "
+                    "held it, and could have pushed, has exited: " +
+                        *gone + "; their own output says why");
       }
-      throw Error(Errc::peer_dead,
-                  "pop: the channel is empty and every process that pushed to it, or could have, "
-                  "has exited");
     }
     if (deadline.passed()) {
       throw Error(Errc::timeout, "pop timed out after " + ms_text(timeout) +

@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "ipc/fd.hpp"
@@ -104,8 +106,12 @@ class Channel {
   // the child an announce() counted, which this ends.
   void hold(bool announced = false);
   // Counts one process on its way to the channel (handed it, not holding it yet): until it holds,
-  // no waiter reports peer_dead. One that never arrives leaves waiters to their timeouts.
+  // no waiter reports peer_dead. One that never arrives holds waiters until expire_announced().
   void announce() noexcept;
+  // The child `child`, which an announce() counted, has exited: if it never held the channel, its
+  // announcement ends, since it will never arrive, and it counts as a holder that died. Returns
+  // whether one ended. Nothing happens while `child` lives.
+  bool expire_announced(pid_t child);
 
   // Closes the channel for every process: pushes fail at once, pops drain then fail. Idempotent.
   void close() noexcept;
@@ -148,8 +154,11 @@ class Channel {
   Channel(std::shared_ptr<Segment> segment, UniqueFd custody);
   Header* header() const noexcept;
   std::byte* slot(std::uint64_t position) const noexcept;
+  bool enter(pid_t pid, std::uint32_t role);
   void register_role(std::uint32_t role);
-  bool counterpart_gone(Waiting waiting) const;
+  // Who could have served a waiter on the other side and has exited ("pid 12 (pushed; exited
+  // with code 1)"), when every such process is gone (ipc/peer_roles.hpp); nullopt otherwise.
+  std::optional<std::string> counterpart_gone(Waiting waiting) const;
   // With the ring lock held: drops the deposits no message from `head` on needs, keeps the rest,
   // and returns a new fd of (owner_token, segment) when one of them holds it.
   UniqueFd sort_custody_locked(std::uint64_t head, std::uint64_t owner_token = 0,

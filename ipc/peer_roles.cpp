@@ -21,11 +21,10 @@ bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
   // side means another of its threads may serve.
   if (self_roles & role) return false;
   if (announced != 0) return false;
-  bool saw_dead = (dead_roles & role) != 0;
+  bool saw_dead = dead_roles != 0 && (capabilities(dead_roles) & may) != 0;
   for (const Participant& p : others) {
-    if (p.alive) {
-      if (capabilities(p.roles) & may) return false;
-    } else if (p.roles & role) {
+    if (capabilities(p.roles) & may) {
+      if (p.alive) return false;
       saw_dead = true;
     }
   }

@@ -4,8 +4,10 @@
 // consumer. A process that holds the channel but has not acted yet (a child that attached it,
 // or was forked holding it) is a holder, and a holder may still do either. Children on their way
 // (handed the channel, not yet attached) are counted as announced. A waiter is told its
-// counterpart is gone only when no live process may still act on the other side; a child that
-// starts late is therefore waited for, not taken for dead because an early sibling exited.
+// counterpart is gone only when no live process may still act on the other side, none is on its
+// way, and some other process that could have has exited: a child that starts late is waited
+// for, not taken for dead because an early sibling exited, and a producer that dies before its
+// first push ends the consumer's wait as surely as one that pushed.
 #pragma once
 
 #include <cstdint>
@@ -35,10 +37,10 @@ struct Participant {
 
 // True when the waiter's counterpart is gone for good: the waiter itself has not acted on the
 // other side (another of its threads might serve it), no child is announced, no live process
-// may act on the other side, and one that did act there has died (`others`, or `dead_roles`:
-// the roles of dead entries whose places were reused). A dead holder that never acted is no
-// such proof (a forked child that never used the queue): before anyone acted on the other
-// side, the waiter waits.
+// may act on the other side, and one that could have has died (`others`, or `dead_roles`: the
+// roles of dead entries whose places were reused). A dead holder that never acted counts: it
+// could have. Before any other process held the channel the waiter waits (its own threads may
+// serve it).
 bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
                       const std::vector<Participant>& others, std::uint32_t dead_roles,
                       std::uint32_t announced) noexcept;

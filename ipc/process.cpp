@@ -97,4 +97,23 @@ std::string describe_wait_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
+std::string describe_exit(pid_t pid) {
+  siginfo_t info{};
+  if (pid <= 0 ||
+      ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid) {
+    return "exited";
+  }
+  switch (info.si_code) {
+    case CLD_EXITED:
+      return describe_wait_status(W_EXITCODE(info.si_status, 0));
+    case CLD_KILLED:
+      return describe_wait_status(info.si_status);
+    case CLD_DUMPED:
+      return describe_wait_status(info.si_status | WCOREFLAG);
+    default:
+      return "exited";
+  }
+}
+
 }  // namespace ferry

@@ -29,4 +29,9 @@ UniqueFd open_pidfd(pid_t pid);
 // (core dumped)".
 std::string describe_wait_status(int status);
 
+// How process `pid`, which has exited, ended: its wait status in words where it is an unreaped
+// child of this process (looked at without reaping it), else "exited" (only a parent can know
+// more, and only until it reaps).
+std::string describe_exit(pid_t pid);
+
 }  // namespace ferry

@@ -351,6 +351,9 @@ std::optional<Tensors> TensorQueue::try_recv(std::chrono::milliseconds timeout) 
 void TensorQueue::announce() noexcept {
   channel_->announce();
 }
+bool TensorQueue::expire_announced(pid_t child) {
+  return channel_->expire_announced(child);
+}
 void TensorQueue::hold(bool announced) {
   channel_->hold(announced);
 }

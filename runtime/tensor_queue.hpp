@@ -62,14 +62,16 @@ class TensorQueue {
   static TensorQueue attach(int fd, bool announced = false, int custody_fd = -1);
 
   // Who may still send or receive decides when a wait ends in peer_dead: a recv() on an empty
-  // queue fails only once every process that sent, or held the queue and could have, has exited,
-  // and no child is announced. A process takes a role by sending or receiving; until then one
-  // that attached, or called hold(), counts on both sides (ipc/peer_roles.hpp).
+  // queue fails once every other process that held the queue and could have sent has exited
+  // (whether it sent or not), and no child is announced. A process takes a role by sending or
+  // receiving; until then one that attached, or called hold(), counts on both sides
+  // (ipc/peer_roles.hpp). The error names each of them and how it ended.
   // announce(): one more child is on its way (call it before fork, or before handing fd() to a
-  // process that will attach); the child's hold(true) or attach(fd, true) ends it. A child that
-  // never arrives leaves waiters to their timeouts.
+  // process that will attach); the child's hold(true) or attach(fd, true) ends it, and so does
+  // expire_announced(pid) once that child has exited without arriving.
   void announce() noexcept;
   void hold(bool announced = false);
+  bool expire_announced(pid_t child);
 
   struct SendOptions {
     // Copy every tensor instead of sharing it, so the receiver's view is independent of the
@@ -98,7 +100,7 @@ class TensorQueue {
   void set_receiver(pid_t pid, int cuda_device) noexcept;
 
   // Receives the oldest message. Throws ferry::Error: timeout, closed (closed and drained),
-  // peer_dead (the queue is empty and every sender exited: see announce()), bad_record.
+  // peer_dead (the queue is empty and every other holder exited: see announce()), bad_record.
   Tensors recv(std::chrono::milliseconds timeout = kForever);
 
   // Like recv(), but returns nullopt when `timeout` passes with no message.

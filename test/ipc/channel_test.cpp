@@ -740,13 +740,60 @@ TEST_CASE("channel waits for a holder or an announced child before reporting pee
     REQUIRE(error_code([&] { ch->pop(out, 5s); }) == Errc::peer_dead);
   }
 
-  SECTION("a holder that exits without pushing ends no wait: it proves no producer existed") {
-    pid_t unrelated = children.spawn([&] {
-      ch->hold();  // a child forked while the channel existed, which never used it
+  SECTION("a holder that dies before its first push ends the wait, named with how it ended") {
+    ReadyPipe held;
+    pid_t doomed = children.spawn([&] {
+      ch->hold();  // a producer that dies before it puts anything
+      held.signal();
+      return 3;
+    });
+    held.wait();
+    // Not reaped yet: the error can tell how it ended.
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      ch->pop(out, ferry::kForever);
+    } catch (const ferry::Error& e) {
+      REQUIRE(e.code() == Errc::peer_dead);
+      what = e.what();
+    }
+    REQUIRE(seconds_since(t0) < 10);
+    INFO(what);
+    REQUIRE(what.find("pid " + std::to_string(doomed) + " (held it; exited with code 3)") !=
+            std::string::npos);
+    REQUIRE(children.wait(doomed) != 0);
+  }
+
+  SECTION("an announced child that dies before arriving ends its announcement once expired") {
+    ch->announce();
+    pid_t never = children.spawn([&] { return 0; });  // dies before it holds the channel
+    children.expect_success(never);
+    REQUIRE(error_code([&] { ch->pop(out, 300ms); }) == Errc::timeout);
+    REQUIRE(ch->expire_announced(never));
+    REQUIRE_FALSE(ch->expire_announced(never));  // one announcement, ended once
+    // It never arrived, but it was handed the channel: its death ends the wait, named.
+    try {
+      ch->pop(out, 5s);
+      FAIL("the pop returned");
+    } catch (const ferry::Error& e) {
+      REQUIRE(e.code() == Errc::peer_dead);
+      REQUIRE_THAT(e.what(), Catch::Contains("pid " + std::to_string(never) + " (held it"));
+    }
+
+    ch->announce();
+    ReadyPipe arrived;
+    pid_t came = children.spawn([&] {
+      ch->hold(/*announced=*/true);
+      arrived.signal();
+      ::pause();
       return 0;
     });
-    children.expect_success(unrelated);
-    REQUIRE(error_code([&] { ch->pop(out, 400ms); }) == Errc::timeout);
+    arrived.wait();
+    REQUIRE_FALSE(ch->expire_announced(came));  // alive
+    ::kill(came, SIGKILL);
+    REQUIRE(children.wait(came) != 0);
+    REQUIRE_FALSE(ch->expire_announced(came));  // it arrived: its hold ended the announcement
+    REQUIRE(error_code([&] { ch->pop(out, 5s); }) == Errc::peer_dead);
   }
 
   SECTION("a holder that has only popped does not keep a pop waiting") {
