@@ -1,6 +1,7 @@
 #include "hosts/host_serve.hpp"
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -110,6 +111,14 @@ void hand(Pool& pool, Message m, const std::shared_ptr<Outbox>& box) {
       if (r.error) {
         try {
           std::rethrow_exception(r.error);
+        } catch (const TaskError& e) {
+          reply.error = e.what();
+          // The detail goes as the reply's one tensor (RemoteEvents::finished).
+          if (!e.detail().empty()) {
+            at::Tensor d = at::empty({static_cast<std::int64_t>(e.detail().size())}, at::kByte);
+            std::memcpy(d.data_ptr(), e.detail().data(), e.detail().size());
+            reply.outputs = {std::move(d)};
+          }
         } catch (const std::exception& e) {
           reply.error = e.what();
         } catch (...) {

@@ -32,7 +32,8 @@ class RemoteEvents {
                      std::size_t capacity) = 0;
   virtual void ready(int slot) = 0;
   // Task `task`'s attempt `attempt` ended on `slot`: its outputs, or (ok false) the task's own
-  // error in words.
+  // error in words, and as the one uint8 tensor of `outputs`, its detail (TaskError::detail())
+  // when it has one.
   virtual void finished(int slot, std::uint64_t task, std::uint32_t attempt, bool ok,
                         Tensors outputs, const std::string& error) = 0;
   // `slot` is gone for good (its process died, it stopped answering, it left): its tasks are

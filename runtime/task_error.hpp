@@ -16,7 +16,7 @@ namespace ferry {
 class TaskError : public Error {
  public:
   TaskError(Errc code, std::string task, std::size_t index, int worker, std::string device,
-            pid_t pid, std::string message);
+            pid_t pid, std::string message, std::string detail = {});
 
   const std::string& task() const noexcept { return task_; }
   std::size_t index() const noexcept {
@@ -27,6 +27,9 @@ class TaskError : public Error {
   const std::string& device() const noexcept { return device_; }
   pid_t pid() const noexcept { return pid_; }
   const std::string& message() const noexcept { return message_; }  // the task's own words
+  // What the task's own runtime made of its error for the caller's (TaskFailure::detail(); the
+  // Python package's pickled exception), or empty.
+  const std::string& detail() const noexcept { return detail_; }
 
  private:
   std::string task_;
@@ -35,6 +38,11 @@ class TaskError : public Error {
   std::string device_;
   pid_t pid_;
   std::string message_;
+  std::string detail_;
 };
+
+// The text of a TaskError of these fields, as what() says it.
+std::string describe_task_error(Errc code, const std::string& task, std::size_t index, int worker,
+                                const std::string& device, pid_t pid, const std::string& message);
 
 }  // namespace ferry

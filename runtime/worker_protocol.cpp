@@ -116,7 +116,7 @@ at::Tensor pack(const ResultEnvelope& e) {
   w[5] = static_cast<std::int64_t>(e.bytes_zero_copy);
   w[6] = static_cast<std::int64_t>(e.tensors_copied);
   w[7] = static_cast<std::int64_t>(e.bytes_copied);
-  w[8] = 0;
+  w[8] = e.detail_pieces;
   return t;
 }
 
@@ -139,33 +139,52 @@ ResultEnvelope unpack_result(const at::Tensor& t) {
   e.bytes_zero_copy = static_cast<std::uint64_t>(w[5]);
   e.tensors_copied = static_cast<std::uint64_t>(w[6]);
   e.bytes_copied = static_cast<std::uint64_t>(w[7]);
+  if (w[8] < 0 || w[8] > static_cast<std::int64_t>(kMaxDetailPieces)) {
+    throw Error(Errc::bad_record, "a result envelope says its detail takes " +
+                                      std::to_string(w[8]) + " pieces (at most " +
+                                      std::to_string(kMaxDetailPieces) + ")");
+  }
+  e.detail_pieces = static_cast<std::uint32_t>(w[8]);
   return e;
 }
 
-std::vector<at::Tensor> text_tensors(const std::string& text) {
+namespace {
+
+// `bytes` in pieces of at most one record's inline room; empty bytes are one empty piece.
+std::vector<at::Tensor> pieces(const std::string& bytes) {
   const std::size_t piece = wire::kInlineBytes;
-  std::string body = text;
-  if (body.size() > piece * kMaxTensorsPerTask) {
-    // The note is at most one piece long; what is kept leaves room for it.
-    const std::size_t kept = piece * (kMaxTensorsPerTask - 1);
-    const std::string note = " ... (" + std::to_string(body.size() - kept) + " more bytes cut)";
-    body = body.substr(0, kept) + note;
-  }
   std::vector<at::Tensor> out;
   std::size_t at = 0;
-  do {  // an empty text is one empty piece
-    const std::size_t n = std::min(piece, body.size() - at);
+  do {
+    const std::size_t n = std::min(piece, bytes.size() - at);
     at::Tensor t = at::empty({static_cast<std::int64_t>(n)}, at::kByte);
-    if (n > 0) std::memcpy(t.data_ptr(), body.data() + at, n);
+    if (n > 0) std::memcpy(t.data_ptr(), bytes.data() + at, n);
     out.push_back(std::move(t));
     at += n;
-  } while (at < body.size());
+  } while (at < bytes.size());
   return out;
 }
 
-std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from) {
+}  // namespace
+
+std::vector<at::Tensor> text_tensors(const std::string& text, std::size_t room) {
+  const std::size_t piece = wire::kInlineBytes;
+  room = std::clamp<std::size_t>(room, 1, kMaxTensorsPerTask);
+  if (text.size() <= piece * room) return pieces(text);
+  // The note is at most one piece long; what is kept leaves room for it.
+  const std::size_t kept = piece * (room - 1);
+  const std::string note = " ... (" + std::to_string(text.size() - kept) + " more bytes cut)";
+  return pieces(text.substr(0, kept) + note);
+}
+
+std::vector<at::Tensor> detail_tensors(const std::string& detail) {
+  if (detail.empty() || detail.size() > wire::kInlineBytes * kMaxDetailPieces) return {};
+  return pieces(detail);
+}
+
+std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from, std::size_t to) {
   std::string text;
-  for (std::size_t i = from; i < message.size(); ++i) {
+  for (std::size_t i = from; i < std::min(to, message.size()); ++i) {
     const at::Tensor& t = message[i];
     if (!t.defined() || t.scalar_type() != at::kByte || t.dim() != 1 || !t.is_contiguous()) {
       throw Error(Errc::bad_record, "an error message tensor is not a 1-d uint8 tensor");

@@ -20,8 +20,8 @@
 
 namespace ferry::protocol {
 
-// Bumped whenever any message below changes shape or meaning.
-inline constexpr int kVersion = 2;
+// Bumped whenever any message below changes shape or meaning (3: a failure's detail).
+inline constexpr int kVersion = 3;
 // Tensors one task may take or return (the queues are sized so in-flight work always fits).
 inline constexpr std::size_t kMaxTensorsPerTask = 64;
 
@@ -64,12 +64,14 @@ struct TaskEnvelope {
 };
 
 // First tensor of a message on a worker's result queue. On failure the tensors after it hold the
-// task's error message (see text_tensors()). The worker's transport counters ride along so the
-// supervisor can report per-worker zero-copy and copied bytes without another channel.
+// task's error message (see text_tensors()), then `detail_pieces` pieces of its detail
+// (TaskFailure). The worker's transport counters ride along so the supervisor can report
+// per-worker zero-copy and copied bytes without another channel.
 struct ResultEnvelope {
   std::uint64_t task_id = 0;
   std::uint32_t attempt = 0;
   bool ok = true;
+  std::uint32_t detail_pieces = 0;
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
 };
@@ -82,10 +84,18 @@ ResultEnvelope unpack_result(const at::Tensor& t);
 
 // A message as 1-d uint8 tensors of at most wire::kInlineBytes each, which travel inside their
 // records (runtime/transport/in_record): a failed task's reply needs no shared memory, so a worker
-// whose arena is full can still say why. Past kMaxTensorsPerTask pieces the text is cut, and the
-// last piece says how much was left out.
-std::vector<at::Tensor> text_tensors(const std::string& text);
-// The text of message[from], message[from + 1]... joined; Error(bad_record) when one is not text.
-std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from);
+// whose arena is full can still say why. Past `room` pieces (at most kMaxTensorsPerTask) the
+// text is cut, and the last piece says how much was left out.
+std::vector<at::Tensor> text_tensors(const std::string& text,
+                                     std::size_t room = kMaxTensorsPerTask);
+// Pieces a failure's detail may take, so its text keeps at least half of the reply.
+inline constexpr std::size_t kMaxDetailPieces = kMaxTensorsPerTask / 2;
+// A failure's detail as pieces like text_tensors(), never cut: none when it is empty or would
+// take more than kMaxDetailPieces (a detail is all or nothing).
+std::vector<at::Tensor> detail_tensors(const std::string& detail);
+// The bytes of message[from], message[from + 1]... before message[to], joined;
+// Error(bad_record) when one is not text.
+std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from,
+                         std::size_t to = static_cast<std::size_t>(-1));
 
 }  // namespace ferry::protocol

@@ -7,7 +7,7 @@
 // Link such files into a worker program (see docs/embedding.md): every program that links
 // ferry::worker has the built-in tasks too. A task gets the tensors of one submission and
 // returns the tensors of its result; an exception it throws comes back to the caller as a
-// ferry::TaskError with its message, and the worker carries on.
+// ferry::TaskError with its message, and the worker carries on. A TaskFailure adds a detail.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,19 @@ struct TaskContext {
 };
 
 using TaskFn = std::function<Tensors(TaskContext&, Tensors)>;
+
+// What a task throws to fail with, besides its message, a detail its caller's runtime reads
+// (TaskError::detail()): the Python package sends the pickled exception, so its caller re-raises
+// the task's own. A detail over protocol::kMaxDetailPieces pieces (5.5 KiB) is left behind.
+class TaskFailure : public std::runtime_error {
+ public:
+  TaskFailure(const std::string& message, std::string detail)
+      : std::runtime_error(message), detail_(std::move(detail)) {}
+  const std::string& detail() const noexcept { return detail_; }
+
+ private:
+  std::string detail_;
+};
 
 // Adds a task. Throws Error(invalid_argument) if the name is empty or already taken.
 void register_task(const std::string& name, TaskFn fn);

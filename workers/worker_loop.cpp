@@ -72,6 +72,8 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   reply.attempt = env.attempt;
   Tensors out;
   std::string error;
+  std::string detail;
+  bool failed = true;  // until the task returned and its outputs passed the checks
   try {
     if (env.task_index >= names.size()) {
       throw std::invalid_argument("task number " + std::to_string(env.task_index) +
@@ -98,17 +100,26 @@ void handle(const Tensors& message, const protocol::Hello& hello,
       if (!t.defined()) throw std::invalid_argument("returned an undefined tensor");
       if (t.is_cuda() && !cuda_in) t = t.cpu();
     }
+    failed = false;
+  } catch (const TaskFailure& e) {
+    error = e.what();
+    detail = e.detail();
   } catch (const std::exception& e) {
     error = e.what();
   } catch (...) {
     error = "threw something that is not a std::exception";
   }
+  // What a task threw with no words still fails it: the error's text is what says so below.
+  if (failed && error.empty()) error = "(an exception with no message)";
   // A failed task's reply travels in its records alone (text_tensors): it cannot fail for want
   // of shared memory.
   auto fail_with = [&](const std::string& text) {
     reply.ok = false;
-    Tensors m = protocol::text_tensors(text);
+    Tensors tail = protocol::detail_tensors(detail);
+    reply.detail_pieces = static_cast<std::uint32_t>(tail.size());
+    Tensors m = protocol::text_tensors(text, protocol::kMaxTensorsPerTask - tail.size());
     m.insert(m.begin(), protocol::pack(reply));
+    m.insert(m.end(), tail.begin(), tail.end());
     results.send(m);
   };
   try {
@@ -133,6 +144,7 @@ void handle(const Tensors& message, const protocol::Hello& hello,
     // that error, which names the sizes and the remedy, instead of this worker dying for it and
     // the next one with it.
     reply = protocol::ResultEnvelope{env.task_id, env.attempt, false};  // nothing was sent
+    detail.clear();
     fail_with("its results could not be sent back: " + e.detail());
   }
 }

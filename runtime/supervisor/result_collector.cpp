@@ -1,5 +1,7 @@
 #include "runtime/supervisor/result_collector.hpp"
 
+#include <algorithm>
+
 #include "runtime/task_error.hpp"
 #include "runtime/worker_protocol.hpp"
 
@@ -30,17 +32,21 @@ std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
   }
   if (!t) return std::nullopt;  // stale: that attempt had ended (cancelled, or timed out)
   std::string text;
+  std::string detail;
   if (env.ok) {
     message.erase(message.begin());
   } else {
     text = "(no message)";
     try {
-      if (message.size() > 1) text = protocol::tensors_text(message, 1);
+      const std::size_t text_end =
+          message.size() - std::min<std::size_t>(env.detail_pieces, message.size() - 1);
+      if (text_end > 1) text = protocol::tensors_text(message, 1, text_end);
+      detail = protocol::tensors_text(message, text_end);
     } catch (const Error& e) {
       text = e.detail();
     }
   }
-  settle(*t, w, env.ok, std::move(message), text, device, pid);
+  settle(*t, w, env.ok, std::move(message), text, device, pid, detail);
   return std::nullopt;
 }
 
@@ -55,17 +61,26 @@ void ResultCollector::finished(int slot, std::uint64_t task, std::uint32_t attem
     if (t) board_.changed.notify_all();
   }
   if (!t) return;  // stale: that attempt had ended
-  settle(*t, slot, ok, std::move(outputs), error, device, -1);
+  // A remote failure's detail comes as its one uint8 tensor (RemoteEvents::finished).
+  std::string detail;
+  if (!ok && outputs.size() == 1) {
+    try {
+      detail = protocol::tensors_text(outputs, 0);
+    } catch (const Error&) {
+    }
+  }
+  settle(*t, slot, ok, ok ? std::move(outputs) : Tensors{}, error, device, -1, detail);
 }
 
 void ResultCollector::settle(supervisor::Task& t, int w, bool ok, Tensors outputs,
-                             const std::string& error, const std::string& device, pid_t pid) {
+                             const std::string& error, const std::string& device, pid_t pid,
+                             const std::string& detail) {
   if (ok) {
     end_task(t, nullptr, std::move(outputs), w);
   } else {
     end_task(t,
              std::make_exception_ptr(
-                 TaskError(Errc::task_failed, t.name, t.index, w, device, pid, error)),
+                 TaskError(Errc::task_failed, t.name, t.index, w, device, pid, error, detail)),
              {}, w);
   }
   dispatcher_.dispatch();

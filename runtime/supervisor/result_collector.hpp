@@ -21,12 +21,14 @@ class ResultCollector {
  public:
   ResultCollector(Board& board, Dispatcher& dispatcher) : board_(board), dispatcher_(dispatcher) {}
 
-  // A result message from worker `w` here: envelope, then the outputs or the error's text. Also
+  // A result message from worker `w` here: envelope, then the outputs or the error's text and
+  // detail. Also
   // folds the worker's transfer tallies into its stats. Returns why the worker must be killed,
   // when the message is malformed.
   std::optional<std::string> on_result(int w, Tensors message);
 
-  // A result from remote slot `slot`: its outputs, or (ok false) the task's error in words.
+  // A result from remote slot `slot`: its outputs, or (ok false) the task's error in words, with
+  // its detail as the one uint8 tensor of `outputs` when there is one.
   void finished(int slot, std::uint64_t task, std::uint32_t attempt, bool ok, Tensors outputs,
                 const std::string& error);
 
@@ -34,7 +36,7 @@ class ResultCollector {
   // Ends `t`, which slot `w` on `device` (pid: its process, -1 elsewhere) finished, then
   // dispatches.
   void settle(supervisor::Task& t, int w, bool ok, Tensors outputs, const std::string& error,
-              const std::string& device, pid_t pid);
+              const std::string& device, pid_t pid, const std::string& detail);
 
   Board& board_;
   Dispatcher& dispatcher_;

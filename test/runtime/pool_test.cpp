@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <set>
@@ -19,7 +20,9 @@
 #include "../test_util.hpp"
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/process.hpp"
+#include "ipc/wire.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/worker_protocol.hpp"
 #include "workers/builtin_tasks.hpp"
 
 namespace ferry {
@@ -442,6 +445,46 @@ TEST_CASE("close drains by default and cancels on request, no worker outlives it
   }
   CHECK(all_dead(pids, 100ms));
   CHECK_THROWS_WITH(pool.submit("square", {at::ones({1})}), Catch::Contains("closed"));
+}
+
+TEST_CASE("a task that fails with a TaskFailure hands its detail to the caller") {
+  Pool pool(cpu_pool(1));
+  auto bytes = [](std::size_t n) {
+    at::Tensor t = at::empty({static_cast<std::int64_t>(n)}, at::kByte);
+    for (std::size_t i = 0; i < n; ++i) t[static_cast<std::int64_t>(i)] = static_cast<int>(i % 251);
+    return t;
+  };
+  // Sizes around a piece, and the most a detail may take.
+  const std::size_t most = ferry::wire::kInlineBytes * ferry::protocol::kMaxDetailPieces;
+  for (std::size_t n :
+       {std::size_t{1}, ferry::wire::kInlineBytes, ferry::wire::kInlineBytes + 1, most}) {
+    const at::Tensor d = bytes(n);
+    try {
+      pool.submit("fail_with_detail", {d}).get();
+      FAIL("the task returned");
+    } catch (const TaskError& e) {
+      INFO(n);
+      CHECK(e.code() == Errc::task_failed);
+      CHECK(e.message() == "failed with a detail of " + std::to_string(n) + " bytes");
+      REQUIRE(e.detail().size() == n);
+      CHECK(std::memcmp(e.detail().data(), d.data_ptr(), n) == 0);
+    }
+  }
+  // Past its room a detail stays behind, all of it; the message still comes.
+  try {
+    pool.submit("fail_with_detail", {bytes(most + 1)}).get();
+    FAIL("the task returned");
+  } catch (const TaskError& e) {
+    CHECK(e.detail().empty());
+    CHECK_THAT(e.message(), Catch::Contains(std::to_string(most + 1) + " bytes"));
+  }
+  // A plain exception has none.
+  try {
+    pool.submit("fail_if_negative", {at::full({1}, -1, at::kLong)}).get();
+    FAIL("the task returned");
+  } catch (const TaskError& e) {
+    CHECK(e.detail().empty());
+  }
 }
 
 TEST_CASE("workers die with their supervisor, even when it is SIGKILLed") {

@@ -41,6 +41,14 @@ FERRY_TASK("fail_if_negative", [](TaskContext& ctx, Tensors in) {
   return Tensors{in.at(0) + 0};
 });
 
+// Fails with a TaskFailure whose detail is in[0] (uint8 bytes) and whose message says its size.
+FERRY_TASK("fail_with_detail", [](TaskContext&, Tensors in) -> Tensors {
+  const at::Tensor& d = in.at(0);
+  throw ferry::TaskFailure(
+      "failed with a detail of " + std::to_string(d.numel()) + " bytes",
+      std::string(static_cast<const char*>(d.data_ptr()), static_cast<std::size_t>(d.numel())));
+});
+
 // A parallel sum of in[0] (an int64 scalar) twos, and the worker's intra-op threads: what a
 // forked worker would hang at if it inherited its parent's OpenMP team.
 Tensors parallel_sum(TaskContext&, Tensors in) {

@@ -80,6 +80,35 @@ TEST_CASE("an error's text travels in pieces that fit in their records, and join
   // Anything else where the text should be is a bad record, not a crash.
   CHECK_THROWS_WITH(protocol::tensors_text({at::zeros({2}, at::kFloat)}, 0),
                     Catch::Contains("uint8"));
+  // With less room (a detail takes the rest), the cut comes sooner.
+  const std::vector<at::Tensor> less = protocol::text_tensors(huge, 10);
+  CHECK(less.size() == 10);
+  CHECK_THAT(protocol::tensors_text(less, 0), Catch::EndsWith(" more bytes cut)"));
+  CHECK(protocol::tensors_text(less, 0, 3) == std::string(3 * piece, 'y'));
+}
+
+TEST_CASE("a failure's detail travels whole or not at all, and its envelope says how long") {
+  const std::size_t piece = wire::kInlineBytes;
+  const std::size_t most = piece * protocol::kMaxDetailPieces;
+  CHECK(protocol::detail_tensors("").empty());
+  CHECK(protocol::detail_tensors(std::string(most + 1, 'd')).empty());
+  for (const std::size_t n : {std::size_t{1}, piece, piece + 1, most}) {
+    const std::string detail(n, static_cast<char>(n % 200));
+    const std::vector<at::Tensor> m = protocol::detail_tensors(detail);
+    CHECK(m.size() == (n + piece - 1) / piece);
+    CHECK(protocol::tensors_text(m, 0) == detail);
+  }
+  protocol::ResultEnvelope e;
+  e.task_id = 7;
+  e.ok = false;
+  e.detail_pieces = 5;
+  const protocol::ResultEnvelope back = protocol::unpack_result(protocol::pack(e));
+  CHECK(back.detail_pieces == 5);
+  CHECK_FALSE(back.ok);
+  // An envelope that claims more than a detail may take is a bad record.
+  at::Tensor bad = protocol::pack(e);
+  bad[8] = static_cast<std::int64_t>(protocol::kMaxDetailPieces + 1);
+  CHECK_THROWS_WITH(protocol::unpack_result(bad), Catch::Contains("detail"));
 }
 
 }  // namespace
