@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -107,6 +108,13 @@ struct Pool::State {
   }
 
   void close(Shutdown how) {
+    if (how == Shutdown::Kill) {
+      // A Kill cuts short a Drain that another thread is waiting on (a Python join() that
+      // Ctrl-C left behind): that close() then kills, and this one finds the pool closed.
+      std::lock_guard<std::mutex> lock(board.mu);
+      board.kill_on_stop = true;
+      board.changed.notify_all();
+    }
     std::lock_guard<std::mutex> once(close_mu);
     std::vector<TaskPtr> cancelled;
     {
@@ -115,13 +123,17 @@ struct Pool::State {
       board.closing = true;
       board.changed.notify_all();
       if (how == Shutdown::Drain) {
-        board.changed.wait_for(lock, opt.drain_timeout, [&] { return board.book.empty(); });
+        board.changed.wait_for(lock, opt.drain_timeout,
+                               [&] { return board.book.empty() || board.kill_on_stop; });
+        if (board.kill_on_stop) how = Shutdown::Kill;
       }
       cancelled = board.book.take_all();
       board.stopping = true;
+      board.kill_on_stop = how == Shutdown::Kill;
     }
-    const std::string why = how == Shutdown::Drain
-                                ? "the pool closed and its drain_timeout passed first"
+    const std::string why =
+        how == Shutdown::Drain  ? "the pool closed and its drain_timeout passed first"
+        : how == Shutdown::Kill ? "the pool was terminated (Shutdown::Kill) first"
                                 : "the pool was closed (Shutdown::Cancel) first";
     for (auto& t : cancelled) {
       supervisor::end_task(
@@ -145,11 +157,10 @@ namespace {
 // (the caller's own tensors with them), CUDA ones checked against every worker's device.
 NamedTensors shared_for(const NamedTensors& shared,
                         const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
-  constexpr std::size_t kMaxShared = 16384;  // a quarter of the arena's leases, per worker
-  if (shared.size() > kMaxShared) {
+  if (shared.size() > kMaxSharedTensors) {
     throw Error(Errc::invalid_argument, "PoolOptions::shared holds " +
                                             std::to_string(shared.size()) + " tensors, more than " +
-                                            std::to_string(kMaxShared) +
+                                            std::to_string(kMaxSharedTensors) +
                                             "; share a few large tensors and views of them");
   }
   NamedTensors out;
@@ -292,8 +303,8 @@ Tensors Pool::Result::get() const {
 struct Pool::Results::State {
   std::shared_ptr<Pool::State> pool;
   std::string task;
-  std::size_t count = 0;
-  std::function<Tensors(std::size_t)> make;
+  std::size_t count = 0;  // inputs; lowered to where the stream ended once make() says so
+  std::function<std::optional<Tensors>(std::size_t)> make;
   std::size_t next_input = 0;
   std::optional<Tensors> held;  // made but not yet admitted (the pool was full)
   std::size_t outstanding = 0;  // submitted, not yet returned by next()
@@ -315,13 +326,33 @@ Pool::Results Pool::imap_unordered(const std::string& task, std::size_t count,
   st->pool = s_;
   st->task = task;
   st->count = count;
-  st->make = std::move(make);
+  st->make = [make = std::move(make)](std::size_t i) -> std::optional<Tensors> { return make(i); };
   return Results(std::move(st));
 }
 
-std::optional<Pool::Result> Pool::Results::next() {
+Pool::Results Pool::imap_unordered(const std::string& task,
+                                   std::function<std::optional<Tensors>(std::size_t)> next_input) {
+  auto st = std::make_shared<Results::State>();
+  st->pool = s_;
+  st->task = task;
+  st->count = std::numeric_limits<std::size_t>::max();  // until next_input says the end
+  st->make = std::move(next_input);
+  return Results(std::move(st));
+}
+
+std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeout) {
   State& st = *s_;
   const std::size_t window = st.pool->capacity();
+  const auto deadline = Clock::now() + timeout;
+  auto left = [&] {
+    if (timeout < std::chrono::milliseconds(0)) return kForever;
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  auto timed_out = [&] {
+    return Error(Errc::timeout,
+                 "no result of the stream came within " + std::to_string(timeout.count()) + " ms");
+  };
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(st.mu);
@@ -337,11 +368,18 @@ std::optional<Pool::Result> Pool::Results::next() {
     // input that found no room is kept for the next round rather than made again.
     while (st.next_input < st.count && st.outstanding < window) {
       const std::size_t i = st.next_input;
-      if (!st.held) st.held = st.make(i);
+      if (!st.held) {
+        st.held = st.make(i);
+        if (!st.held) {
+          std::lock_guard<std::mutex> lock(st.mu);
+          st.count = i;  // the stream ended: what is out is all
+          break;
+        }
+      }
       std::weak_ptr<State> weak = s_;
       try {
         st.pool->submit(st.task, *st.held, i,
-                        st.outstanding > 0 ? std::chrono::milliseconds(0) : kForever,
+                        st.outstanding > 0 ? std::chrono::milliseconds(0) : left(),
                         [weak](Result&& r) {
                           if (auto s = weak.lock()) {
                             std::lock_guard<std::mutex> lock(s->mu);
@@ -350,7 +388,8 @@ std::optional<Pool::Result> Pool::Results::next() {
                           }
                         });
       } catch (const Error& e) {
-        if (e.code() != Errc::timeout || st.outstanding == 0) throw;
+        if (e.code() != Errc::timeout) throw;
+        if (st.outstanding == 0) throw timed_out();  // the input is kept for the next call
         break;
       }
       st.held.reset();
@@ -359,7 +398,13 @@ std::optional<Pool::Result> Pool::Results::next() {
       ++st.outstanding;
     }
     std::unique_lock<std::mutex> lock(st.mu);
-    st.arrived.wait(lock, [&] { return !st.ready.empty(); });
+    if (st.outstanding == 0) continue;  // the stream ended with nothing out: no more results
+    auto some = [&] { return !st.ready.empty(); };
+    if (timeout < std::chrono::milliseconds(0)) {
+      st.arrived.wait(lock, some);
+    } else if (!st.arrived.wait_until(lock, deadline, some)) {
+      throw timed_out();
+    }
   }
 }
 

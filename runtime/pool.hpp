@@ -44,7 +44,13 @@ namespace ferry {
 enum class Shutdown {
   Drain,   // finish every submitted task (up to drain_timeout), then stop the workers
   Cancel,  // fail tasks not yet finished with Error(closed), then stop the workers
+  // As Cancel, but the workers are killed at once (SIGKILL), busy or idle, with no stop_timeout
+  // to finish what they are doing: multiprocessing's terminate().
+  Kill,
 };
+
+// Tensors PoolOptions::shared may hold at most (a quarter of the arena's leases, per worker).
+inline constexpr std::size_t kMaxSharedTensors = 16384;
 
 struct PoolOptions {
   // One worker per entry: "cpu", "cuda", "cuda:N". Empty: `workers` CPU workers.
@@ -124,7 +130,8 @@ class Pool {
    public:
     // The next finished task, whichever it is; nullopt once all have been returned. Submits
     // more inputs as room frees up, so at most the pool's capacity is in flight or buffered.
-    std::optional<Result> next();
+    // Throws Error(timeout) when `timeout` passes first; next() may then be called again.
+    std::optional<Result> next(std::chrono::milliseconds timeout = kForever);
     struct State;
     explicit Results(std::shared_ptr<State> s) : s_(std::move(s)) {}
 
@@ -137,9 +144,15 @@ class Pool {
   // more than the pool's capacity of inputs at once.
   Results imap_unordered(const std::string& task, std::size_t count,
                          std::function<Tensors(std::size_t)> make);
+  // The same over inputs of a stream whose length is not known: `next_input(index)` makes input
+  // `index` (0, 1, 2... in order, each once), or returns nullopt where the stream ends. It is
+  // asked only as room frees up, so an endless stream is read as fast as results are taken.
+  Results imap_unordered(const std::string& task,
+                         std::function<std::optional<Tensors>(std::size_t)> next_input);
 
   // Stops taking work, finishes or cancels what is left (per `how`), stops the workers (stop
-  // token, then SIGKILL after stop_timeout) and reaps them. Idempotent.
+  // token, then SIGKILL after stop_timeout; at once for Shutdown::Kill) and reaps them.
+  // Idempotent.
   void close();
   void close(Shutdown how);
 

@@ -167,13 +167,15 @@ NamedTensors take_shared(TensorQueue& tasks, const protocol::Hello& hello) {
   return shared;
 }
 
+// Tells the supervisor why this worker will not start; it reports it (once, in its error). Only
+// a refusal that cannot reach it is printed here.
 int refuse(int control, protocol::Welcome& welcome, const std::string& why) {
-  std::fprintf(stderr, "ferry-worker %d: refusing to start: %s\n", static_cast<int>(::getpid()),
-               why.c_str());
   welcome.error = why;
   try {
     send_control(control, protocol::encode(welcome));
   } catch (const Error&) {
+    std::fprintf(stderr, "ferry-worker %d: refusing to start: %s\n", static_cast<int>(::getpid()),
+                 why.c_str());
   }
   return kWorkerRefused;
 }

@@ -41,13 +41,14 @@ struct Board {
   std::vector<LocalSlot*> here;  // slots[0..here.size()) as what they are
   std::vector<std::string> task_names;
   std::uint64_t next_submission = 0;
-  bool started = false;   // every worker handshook once: the constructor returned
-  bool closing = false;   // submissions refused
-  bool stopping = false;  // the monitor stops the workers and returns
-  bool closed = false;    // close() finished
-  std::string fatal;      // no worker can run: why
-  PoolStats totals;       // input tallies
-  Monitor monitor;        // the monitor thread waits on it; rouse() wakes it
+  bool started = false;       // every worker handshook once: the constructor returned
+  bool closing = false;       // submissions refused
+  bool stopping = false;      // the monitor stops the workers and returns
+  bool kill_on_stop = false;  // ...by SIGKILL at once, not a stop token and a grace period
+  bool closed = false;        // close() finished
+  std::string fatal;          // no worker can run: why
+  PoolStats totals;           // input tallies
+  Monitor monitor;            // the monitor thread waits on it; rouse() wakes it
 
   bool is_stopping() const;
 

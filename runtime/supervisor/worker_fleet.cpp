@@ -102,12 +102,14 @@ void WorkerFleet::start_failed(int w, const StartFailure& f) {
       log().warn("{}; {}", f.message, d.why);
       return;
     }
-    log().error("{}; giving up on worker {}: {}", f.message, w, d.why);
     if (!board_.started) {
-      // The pool does not start with a slot it cannot fill: the user's setup is wrong.
+      // The pool does not start with a slot it cannot fill: the user's setup is wrong. The
+      // constructor throws this; a log line would only say it a second time.
+      log().debug("{}; giving up on worker {}: {}", f.message, w, d.why);
       startup_error_ = Error(Errc::handshake, f.message + " (gave up: " + d.why + ")");
       return;
     }
+    log().error("{}; giving up on worker {}: {}", f.message, w, d.why);
     const bool any_left = std::any_of(workers_.begin(), workers_.end(),
                                       [](const auto& x) { return x->phase() != Phase::Failed; });
     if (any_left) return;  // the others carry on
@@ -218,12 +220,23 @@ void WorkerFleet::round() {
   dispatcher_.dispatch();
 }
 
-// Stop token (a closed task queue), a grace period, then SIGKILL; every process reaped.
+// Stop token (a closed task queue), a grace period, then SIGKILL; or SIGKILL at once
+// (Shutdown::Kill). Every process reaped.
 void WorkerFleet::stop_workers() {
+  bool kill_now = false;
+  {
+    std::lock_guard<std::mutex> lock(board_.mu);
+    kill_now = board_.kill_on_stop;
+  }
+  if (kill_now) {
+    for (auto& p : workers_) {
+      if (p->pid() > 0) ::kill(p->pid(), SIGKILL);
+    }
+  }
   for (auto& p : workers_) p->request_stop();
   const auto deadline = Clock::now() + opt_.stop_timeout;
   for (auto& p : workers_) {
-    if (p->pid() <= 0) continue;
+    if (p->pid() <= 0 || kill_now) continue;
     pollfd fd{p->pidfd(), POLLIN, 0};
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
