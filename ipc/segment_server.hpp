@@ -33,6 +33,11 @@ void publish_segment(std::uint32_t seq, std::shared_ptr<Segment> segment);
 // Withdraws what was published as `seq` (a segment or a bundle).
 void withdraw_segment(std::uint32_t seq);
 
+// What a seq names, by range: an arena's segments count up from 0 (0: its lease ledger); fds a
+// process hands to peers by name (kFirstHandedFdSeq, the Python package's pool messages); CUDA
+// spans (ipc/cuda/span_export.hpp, from 0x80000000); the CUDA lease ledger (0xfffffffe).
+inline constexpr std::uint32_t kFirstHandedFdSeq = 0x40000000u;
+
 // Fds that travel together, with bytes that say what they are: the chunks of a CUDA span
 // (ipc/cuda/span_export.hpp). At most 128 fds and 60 KiB.
 struct FdBundle {

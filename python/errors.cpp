@@ -67,6 +67,19 @@ void raise(PyObject* cls, const std::string& message, const py::dict& attrs) {
 }  // namespace
 
 void bind_errors(py::module_& m) {
+  m.def(
+      "describe_task_error",
+      [](const std::string& code, const std::string& task, std::size_t index, int worker,
+         const std::string& device, pid_t pid, const std::string& message) {
+        return describe_task_error(code == "worker_lost" ? Errc::worker_lost
+                                   : code == "closed"    ? Errc::closed
+                                                         : Errc::task_failed,
+                                   task, index, worker, device, pid, message);
+      },
+      py::arg("code"), py::arg("task"), py::arg("index"), py::arg("worker"), py::arg("device"),
+      py::arg("pid"), py::arg("message"),
+      "a TaskError's text for these fields, as ferry says it (the Python pool names the "
+      "function this way)");
   py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
   g.error = make_class(m, "Error",
                        "A ferry failure; `code` names it (ferry::Errc, e.g. 'shm_exhausted').",
@@ -110,6 +123,7 @@ void bind_errors(py::module_& m) {
       attrs["device"] = e.device();
       attrs["pid"] = e.pid();
       attrs["message"] = e.message();
+      attrs["detail"] = py::bytes(e.detail());
       raise(class_for(e.code()), e.what(), attrs);
     } catch (const Error& e) {
       py::dict attrs;

@@ -12,6 +12,7 @@
 #include "hosts/head_hub.hpp"
 #include "hosts/host_serve.hpp"
 #include "ipc/error.hpp"
+#include "python/durations.hpp"
 #include "python/message.hpp"
 #include "python/pool.hpp"
 #endif
@@ -32,11 +33,7 @@ constexpr const char* kWorkers = "python";  // the setup's "workers": ferry.Pool
 constexpr const char* kInitializer = "python.initializer";
 
 std::chrono::milliseconds ms(double seconds, const char* what) {
-  if (!(seconds > 0) || seconds > 1e7) {
-    throw Error(Errc::invalid_argument, std::string(what) + " = " + std::to_string(seconds) +
-                                            " s: give a number of seconds above 0");
-  }
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  return seconds_to_ms(what, seconds, Zero::refused);
 }
 
 // A stop request from Python (a signal handler, serve_host's `stop`) to the serving thread.
@@ -119,14 +116,11 @@ void bind_hosts(py::module_& m) {
       .def_property_readonly("capacity", [](const JoinedHead& j) { return j.joined.host.capacity; })
       .def(
           "serve",
-          [](JoinedHead& j, std::string executable, std::vector<std::string> args,
-             std::map<std::string, std::string> config, int retries, int inflight,
-             double task_timeout, double start_timeout, int threads_per_worker, StopFlag& stop) {
+          [](JoinedHead& j, PoolOptions options, StopFlag& stop) {
             if (!j.joined.link) throw Error(Errc::closed, "this host has served its head already");
-            PoolOptions o =
-                python_pool_options(j.joined.host.devices, std::move(executable), std::move(args),
-                                    worker_config(j.joined.setup, std::move(config)), retries,
-                                    inflight, task_timeout, start_timeout, threads_per_worker);
+            options.devices = j.joined.host.devices;
+            options.config = worker_config(j.joined.setup, std::move(options.config));
+            PoolOptions o = python_pool_options(std::move(options));
             py::gil_scoped_release unlocked;
             std::optional<Pool> pool;
             auto link = std::move(j.joined.link);
@@ -144,9 +138,7 @@ void bind_hosts(py::module_& m) {
                 *link, j.serve, stop.value);
             return std::string(end == ServeEnd::head_left ? "head_left" : "stopped");
           },
-          py::arg("executable"), py::arg("args"), py::arg("config"), py::arg("retries"),
-          py::arg("maxtasks_inflight"), py::arg("task_timeout"), py::arg("start_timeout"),
-          py::arg("threads_per_worker"), py::arg("stop"),
+          py::arg("options"), py::arg("stop"),
           "starts this host's workers as the head's setup says and serves the head until one "
           "side leaves: 'head_left' or 'stopped'");
 

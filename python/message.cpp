@@ -1,6 +1,5 @@
 #include "python/message.hpp"
 
-#include <cmath>
 #include <cstring>
 
 #include "ipc/channel.hpp"
@@ -40,16 +39,6 @@ py::tuple unpack_message(Tensors message) {
   py::list bases;
   for (std::size_t i = 1; i < message.size(); ++i) bases.append(std::move(message[i]));
   return py::make_tuple(std::move(payload), std::move(bases));
-}
-
-std::chrono::milliseconds to_timeout(std::optional<double> seconds) {
-  if (!seconds) return kForever;
-  if (!std::isfinite(*seconds) || *seconds < 0) {
-    throw Error(Errc::invalid_argument, "timeout " + std::to_string(*seconds) +
-                                            " s is not a non-negative number of seconds (None "
-                                            "waits for ever)");
-  }
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(*seconds * 1000.0)));
 }
 
 }  // namespace ferry::python

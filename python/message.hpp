@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "python/durations.hpp"
 #include "runtime/tensor_queue.hpp"
 
 namespace ferry::python {
@@ -20,9 +21,6 @@ namespace ferry::python {
 Tensors pack_message(const pybind11::bytes& payload, const std::vector<at::Tensor>& bases);
 // (payload bytes, [bases...]) from a message made by pack_message. Needs the GIL.
 pybind11::tuple unpack_message(Tensors message);
-
-// Seconds from Python (None: wait for ever) as a ferry timeout.
-std::chrono::milliseconds to_timeout(std::optional<double> seconds);
 
 // Packs (payload, bases) under the GIL, then returns send(message, timeout) with the GIL
 // released, so that other Python threads run while the send blocks.

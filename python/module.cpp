@@ -8,6 +8,7 @@
 
 #include "ipc/diag/shm_check.hpp"
 #include "python/errors.hpp"
+#include "python/fds.hpp"
 #include "python/hosts.hpp"
 #include "python/message.hpp"
 #include "python/pool.hpp"
@@ -24,12 +25,14 @@ namespace py = pybind11;
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ferry's extension: zero-copy tensors between processes (use the ferry package)";
   m.attr("torch_version") = TORCH_VERSION;  // the LibTorch it was built against
+  m.attr("version") = FERRY_VERSION;        // CMake's project() version: the one place it is set
   ferry::python::bind_errors(m);
   ferry::python::bind_storages(m);
   ferry::python::bind_queue(m);
   ferry::python::bind_pool(m);
   ferry::python::bind_hosts(m);
   ferry::python::bind_worker(m);
+  ferry::python::bind_fds(m);
 
   m.def(
       "empty",

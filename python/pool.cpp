@@ -4,17 +4,18 @@
 
 #include <future>
 #include <memory>
+#include <optional>
+#include <string>
 
+#include "python/durations.hpp"
 #include "python/message.hpp"
 #include "python/stats.hpp"
-#include "runtime/pool.hpp"
+#include "runtime/worker_protocol.hpp"
 
 namespace py = pybind11;
 
 namespace ferry::python {
 namespace {
-
-constexpr const char* kTask = "python";  // registered by serve_worker() in every Python worker
 
 // The name of the pool's i-th shared storage: in order when sorted, as PoolOptions::shared is.
 std::string shared_name(std::size_t i) {
@@ -23,13 +24,27 @@ std::string shared_name(std::size_t i) {
          std::string(6 - std::min<std::size_t>(6, digits.size()), '0') + digits;
 }
 
-std::chrono::milliseconds seconds_to_ms(double s) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
-}
+// A Python object that a pool thread may be the last to let go of: dropped under the GIL.
+struct Held {
+  py::object object;
+  explicit Held(py::object o) : object(std::move(o)) {}
+  ~Held() {
+    if (!object || !Py_IsInitialized()) {
+      object.release();  // an interpreter that has gone cannot take it back
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+};
 
-// A submitted task's outcome; get() may be called more than once.
+// A submitted task's outcome; get() may be called more than once. What the task's message needs
+// besides its bytes (`keep`: fds published for it) is held until the task has ended.
 struct Future {
-  std::shared_future<Tensors> f;
+  std::shared_ptr<std::promise<Tensors>> promise = std::make_shared<std::promise<Tensors>>();
+  std::shared_future<Tensors> f = promise->get_future().share();
   bool wait(std::optional<double> timeout) const {
     const auto ms = to_timeout(timeout);
     py::gil_scoped_release unlocked;
@@ -48,42 +63,105 @@ struct Future {
   }
 };
 
-// A Python callable that a pool thread may be the last to let go of: dropped under the GIL.
-struct HeldFunction {
-  py::function fn;
-  explicit HeldFunction(py::function f) : fn(std::move(f)) {}
-  ~HeldFunction() {
-    py::gil_scoped_acquire gil;
-    fn = py::function();
+// Validated setters for the options a Python caller gives, each named as ferry.Pool names it.
+int at_least(const char* what, int value, int least, const char* remedy) {
+  if (value < least) {
+    throw Error(Errc::invalid_argument,
+                std::string(what) + "=" + std::to_string(value) + ": " + remedy);
   }
-};
+  return value;
+}
+
+double ms_to_seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
 
 }  // namespace
 
-PoolOptions python_pool_options(std::vector<std::string> devices, std::string executable,
-                                std::vector<std::string> args,
-                                std::map<std::string, std::string> config, int max_retries,
-                                int max_inflight_per_worker, double task_timeout,
-                                double start_timeout, int threads_per_worker) {
-  PoolOptions o;
-  o.devices = std::move(devices);
-  o.start = Start::Spawn;  // a Python process forked from a C++ thread cannot run Python
-  o.worker_executable = std::move(executable);
-  o.worker_args = std::move(args);
-  o.config = std::move(config);
-  o.require_tasks = {kTask};
-  o.max_retries = max_retries;
-  o.max_inflight_per_worker = max_inflight_per_worker;
-  o.task_timeout = seconds_to_ms(task_timeout);
-  o.start_timeout = seconds_to_ms(start_timeout);
-  o.threads_per_worker = threads_per_worker;
+PoolOptions python_pool_options(PoolOptions o) {
+  o.start = Start::Spawn;
+  o.require_tasks = {kPythonTask};
   o.shutdown = Shutdown::Cancel;
   return o;
 }
 
 void bind_pool(py::module_& m) {
+  m.attr("MAX_TASK_TENSORS") = protocol::kMaxTensorsPerTask;
+  m.attr("MAX_SHARED_TENSORS") = kMaxSharedTensors;
+
   // Workers elsewhere (ferry._C.Hub, where several hosts are built): only passed to Pool.
   py::class_<RemoteWorkers, std::shared_ptr<RemoteWorkers>>(m, "RemoteWorkers");
+
+  py::class_<PoolOptions>(m, "PoolOptions",
+                          "ferry::PoolOptions for a pool of Python workers, by keyword; each bad "
+                          "value is refused naming it. Times are in seconds.")
+      .def(py::init([](const py::kwargs& kwargs) {
+             auto o = std::make_unique<PoolOptions>();
+             py::object self = py::cast(o.get(), py::return_value_policy::reference);
+             for (auto item : kwargs) {
+               const std::string key = item.first.cast<std::string>();
+               if (!py::hasattr(self, key.c_str()) || key.rfind('_', 0) == 0) {
+                 throw Error(Errc::invalid_argument, "PoolOptions has no option '" + key + "'");
+               }
+               py::setattr(self, key.c_str(), item.second);
+             }
+             return o;
+           }),
+           "PoolOptions(devices=[...], executable=..., args=[...], config={...}, retries=2, "
+           "maxtasks_inflight=0, task_timeout=None, start_timeout=30.0, stop_timeout=5.0, "
+           "threads_per_worker=0)")
+      .def_readwrite("devices", &PoolOptions::devices, "one worker per entry: 'cpu', 'cuda:N'")
+      .def_readwrite("executable", &PoolOptions::worker_executable, "what a worker runs")
+      .def_readwrite("args", &PoolOptions::worker_args, "its arguments before the control fd")
+      .def_readwrite("config", &PoolOptions::config, "handed to every task")
+      .def_property(
+          "retries", [](const PoolOptions& o) { return o.max_retries; },
+          [](PoolOptions& o, int v) {
+            o.max_retries =
+                at_least("retries", v, 0, "give 0 or more tries after a worker's death");
+          },
+          "times a task lost with its worker is tried again")
+      .def_property(
+          "maxtasks_inflight", [](const PoolOptions& o) { return o.max_inflight_per_worker; },
+          [](PoolOptions& o, int v) {
+            if (v < 0 || v > 1000) {
+              throw Error(Errc::invalid_argument,
+                          "maxtasks_inflight=" + std::to_string(v) +
+                              ": give 1 to 1000 tasks per worker, or None to let the pool "
+                              "choose by how long tasks take");
+            }
+            o.max_inflight_per_worker = v;
+          },
+          "tasks one worker holds at most; 0: the pool chooses by how long they take")
+      .def_property(
+          "task_timeout",
+          [](const PoolOptions& o) -> std::optional<double> {
+            if (o.task_timeout.count() == 0) return std::nullopt;
+            return ms_to_seconds(o.task_timeout);
+          },
+          [](PoolOptions& o, std::optional<double> s) {
+            o.task_timeout =
+                s ? seconds_to_ms("task_timeout", *s, Zero::refused) : std::chrono::milliseconds(0);
+          },
+          "seconds a task may run before its worker is killed; None: no limit")
+      .def_property(
+          "start_timeout", [](const PoolOptions& o) { return ms_to_seconds(o.start_timeout); },
+          [](PoolOptions& o, double s) {
+            o.start_timeout = seconds_to_ms("start_timeout", s, Zero::refused);
+          },
+          "seconds a worker has to start and answer its handshake")
+      .def_property(
+          "stop_timeout", [](const PoolOptions& o) { return ms_to_seconds(o.stop_timeout); },
+          [](PoolOptions& o, double s) { o.stop_timeout = seconds_to_ms("stop_timeout", s); },
+          "seconds a worker has to exit after close() before it is killed")
+      .def_property(
+          "threads_per_worker", [](const PoolOptions& o) { return o.threads_per_worker; },
+          [](PoolOptions& o, int v) {
+            o.threads_per_worker = at_least("threads_per_worker", v, 0,
+                                            "give 1 or more intra-op threads, or 0 for the "
+                                            "cores divided among the workers");
+          },
+          "intra-op threads in each worker; 0: cores / workers");
 
   py::class_<Future>(m, "Future")
       .def("wait", &Future::wait, py::arg("timeout") = py::none(),
@@ -97,69 +175,93 @@ void bind_pool(py::module_& m) {
   py::class_<Pool::Results>(m, "Results")
       .def(
           "next",
-          [](Pool::Results& r) -> py::object {
+          [](Pool::Results& r, std::optional<double> timeout) -> py::object {
+            const auto ms = to_timeout(timeout);
             std::optional<Pool::Result> got;
-            {
+            try {
               py::gil_scoped_release unlocked;
-              got = r.next();
+              got = r.next(ms);
+            } catch (const Error& e) {
+              if (e.code() != Errc::timeout) throw;
+              return py::bool_(false);
             }
             if (!got) return py::none();
             const std::size_t index = got->index;
             return py::make_tuple(index, unpack_message(got->get()));
           },
-          "(index, (payload, bases)) of the next task to finish, None after the last; a failed "
-          "task raises its TaskError (whose .index names it)");
+          py::arg("timeout") = py::none(),
+          "(index, (payload, bases)) of the next task to finish, None after the last, False when "
+          "`timeout` passed first; a failed task raises its TaskError (whose .index names it)");
 
   py::class_<Pool>(m, "Pool")
-      .def(py::init([](std::vector<std::string> devices, std::string executable,
-                       std::vector<std::string> args, std::map<std::string, std::string> config,
-                       int max_retries, int max_inflight_per_worker, double task_timeout,
-                       double start_timeout, int threads_per_worker,
-                       const std::vector<at::Tensor>& shared,
+      .def(py::init([](const PoolOptions& options, const std::vector<at::Tensor>& shared,
                        std::shared_ptr<RemoteWorkers> remote) {
-             PoolOptions o =
-                 python_pool_options(std::move(devices), std::move(executable), std::move(args),
-                                     std::move(config), max_retries, max_inflight_per_worker,
-                                     task_timeout, start_timeout, threads_per_worker);
+             PoolOptions o = python_pool_options(options);
              for (std::size_t i = 0; i < shared.size(); ++i)
                o.shared.emplace(shared_name(i), shared[i]);
              o.remote = std::move(remote);
              py::gil_scoped_release unlocked;
              return std::make_unique<Pool>(std::move(o));
            }),
-           py::arg("devices"), py::arg("executable"), py::arg("args"), py::arg("config"),
-           py::arg("max_retries"), py::arg("max_inflight_per_worker"), py::arg("task_timeout"),
-           py::arg("start_timeout"), py::arg("threads_per_worker"), py::arg("shared"),
+           py::arg("options"), py::arg("shared") = std::vector<at::Tensor>{},
            py::arg("remote") = nullptr)
       .def(
           "submit",
           [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,
-             std::optional<double> timeout) {
-            return send_message(payload, bases, timeout, [&](Tensors message, auto ms) {
-              return Future{p.submit(kTask, std::move(message), ms).share()};
+             py::object keep, std::optional<double> timeout) {
+            Future out;
+            auto held = std::make_shared<Held>(std::move(keep));
+            send_message(payload, bases, timeout, [&](Tensors message, auto ms) {
+              p.submit(
+                  kPythonTask, std::move(message),
+                  [promise = out.promise, held](Pool::Result&& r) mutable {
+                    if (r.error) {
+                      promise->set_exception(r.error);
+                    } else {
+                      promise->set_value(std::move(r.outputs));
+                    }
+                    held.reset();  // what the message needed goes once the task has ended
+                  },
+                  ms);
             });
+            return out;
           },
-          py::arg("payload"), py::arg("bases"), py::arg("timeout") = py::none())
+          py::arg("payload"), py::arg("bases"), py::arg("keep") = py::none(),
+          py::arg("timeout") = py::none(),
+          "runs one pickled call; `keep` is held until the task has ended")
       .def(
           "imap_unordered",
-          [](Pool& p, std::size_t count, py::function make) {
-            auto held = std::make_shared<HeldFunction>(std::move(make));
-            auto results = p.imap_unordered(kTask, count, [held](std::size_t i) {
+          [](Pool& p, py::function make) {
+            auto fn = std::make_shared<Held>(std::move(make));
+            return p.imap_unordered(kPythonTask, [fn](std::size_t i) -> std::optional<Tensors> {
               py::gil_scoped_acquire gil;
-              py::tuple m = held->fn(i);
-              return pack_message(m[0].cast<py::bytes>(), m[1].cast<std::vector<at::Tensor>>());
+              py::object m = fn->object(i);
+              if (m.is_none()) return std::nullopt;
+              auto t = m.cast<py::tuple>();
+              return pack_message(t[0].cast<py::bytes>(), t[1].cast<std::vector<at::Tensor>>());
             });
-            return results;
           },
-          py::arg("count"), py::arg("make"),
-          "results of `count` tasks as they finish; make(i) gives input i as (payload, bases)")
+          py::arg("make"),
+          "results of tasks as they finish; make(i) gives input i as (payload, bases), or None "
+          "where the inputs end; it is called as room frees up")
       .def(
           "close",
-          [](Pool& p, bool drain) {
+          [](Pool& p, const std::string& how) {
+            Shutdown s = Shutdown::Cancel;
+            if (how == "drain") {
+              s = Shutdown::Drain;
+            } else if (how == "kill") {
+              s = Shutdown::Kill;
+            } else if (how != "cancel") {
+              throw Error(Errc::invalid_argument,
+                          "close('" + how + "'): give 'drain', 'cancel' or 'kill'");
+            }
             py::gil_scoped_release unlocked;
-            p.close(drain ? Shutdown::Drain : Shutdown::Cancel);
+            p.close(s);
           },
-          py::arg("drain"))
+          py::arg("how"),
+          "'drain': finish every task, 'cancel': fail what is left, 'kill': that, and kill the "
+          "workers at once; then stop them")
       .def("size", &Pool::size)
       .def("capacity", &Pool::capacity)
       .def("worker_pids", &Pool::worker_pids)

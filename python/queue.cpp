@@ -24,6 +24,9 @@ void bind_queue(py::module_& m) {
                   "`announced`: the sender of the fds announced this process")
       .def("announce", &TensorQueue::announce,
            "counts one process on its way to the queue (before a fork or a pickle)")
+      .def("expire_announced", &TensorQueue::expire_announced, py::arg("pid"),
+           "ends the announcement of child `pid`, which exited before it attached; whether one "
+           "ended")
       .def("hold", &TensorQueue::hold, py::arg("announced") = false,
            "counts this process as one that may put or get; ends an announce() if `announced`")
       .def(
@@ -37,16 +40,18 @@ void bind_queue(py::module_& m) {
           "sends one message; blocks while the queue is full")
       .def(
           "get",
-          [](TensorQueue& q, std::optional<double> timeout) {
+          [](TensorQueue& q, std::optional<double> timeout) -> py::object {
             const auto ms = to_timeout(timeout);
-            Tensors message;
+            std::optional<Tensors> message;
             {
               py::gil_scoped_release unlocked;
-              message = q.recv(ms);
+              message = q.try_recv(ms);
             }
-            return unpack_message(std::move(message));
+            if (!message) return py::none();
+            return unpack_message(std::move(*message));
           },
-          py::arg("timeout") = py::none(), "(payload, bases) of the oldest message")
+          py::arg("timeout") = py::none(),
+          "(payload, bases) of the oldest message, or None when `timeout` passed first")
       .def("shutdown", &TensorQueue::close, "closes the queue for every process")
       .def("messages", &TensorQueue::messages, "messages queued now")
       .def("max_messages", &TensorQueue::max_messages)

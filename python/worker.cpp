@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "python/message.hpp"
-#include "python/pool.hpp"  // kSharedPrefix
+#include "python/pool.hpp"  // kSharedPrefix, kPythonTask
 #include "workers/task_registry.hpp"
 #include "workers/worker_loop.hpp"
 
@@ -21,7 +21,7 @@ void bind_worker(py::module_& m) {
         auto* fn = new py::function(std::move(handler));
         auto* config = new py::dict();  // the Hello's, the same for every task: made once
         auto* shared = new py::list();  // the storages of the pool's shared objects, in order
-        register_task("python", [fn, config, shared](TaskContext& ctx, Tensors in) -> Tensors {
+        register_task(kPythonTask, [fn, config, shared](TaskContext& ctx, Tensors in) -> Tensors {
           py::gil_scoped_acquire gil;
           if (config->empty()) {
             for (const auto& [k, v] : *ctx.config) (*config)[py::str(k)] = v;
@@ -30,10 +30,13 @@ void bind_worker(py::module_& m) {
             }
           }
           py::tuple message = unpack_message(std::move(in));
-          // (True, payload, bases) or (False, the error with the worker's traceback, [])
+          // (True, payload, bases), or (False, the error with the worker's traceback, the
+          // pickled exception or b"")
           py::tuple r =
               (*fn)(ctx.worker_id, ctx.device.str(), *config, *shared, message[0], message[1]);
-          if (!r[0].cast<bool>()) throw std::runtime_error(r[1].cast<std::string>());
+          if (!r[0].cast<bool>()) {
+            throw TaskFailure(r[1].cast<std::string>(), r[2].cast<std::string>());
+          }
           return pack_message(r[1].cast<py::bytes>(), r[2].cast<std::vector<at::Tensor>>());
         });
         py::gil_scoped_release unlocked;
