@@ -1,6 +1,6 @@
 """ferry: PyTorch tensors between processes without copying them.
 
-A faster drop-in for torch.multiprocessing's queues and pools:
+A faster drop-in for torch.multiprocessing (`import ferry as mp`), its queues and pools above all:
 
     import ferry
     q = ferry.Queue()                       # hand it to children (fork, spawn, forkserver)
@@ -32,20 +32,41 @@ import os as _os
 
 _os.register_at_fork(after_in_child=_C.after_fork_in_child)
 
+__version__ = _C.version
+
 from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskError, Timeout,
                  WorkerLost)
 from ._context import get_context
 from ._host import serve_host
-from ._pool import AsyncResult, Pool
-from ._queue import Queue, SimpleQueue
+from ._mp import (Array, AuthenticationError, Barrier, BoundedSemaphore, BufferTooShort,
+                  Condition, Event, Lock, Manager, Pipe, Process, ProcessContext, ProcessError,
+                  ProcessExitedException, ProcessRaisedException, RawArray, RawValue, RLock,
+                  Semaphore, TimeoutError, Value, active_children, allow_connection_pickling,
+                  cpu_count, current_process, freeze_support, get_all_sharing_strategies,
+                  get_all_start_methods, get_logger, get_sharing_strategy, get_start_method,
+                  log_to_stderr, parent_process, set_executable, set_forkserver_preload,
+                  set_sharing_strategy, set_start_method, spawn, start_processes)
+from ._pool import AsyncResult, IMapIterator, Pool
+from ._queue import JoinableQueue, Queue, SimpleQueue
 from ._shared import share_, share_module, share_optimizer, shared
 from ._worker import WorkerInfo, worker_info
 
 __all__ = [
-    "Queue", "SimpleQueue", "get_context", "Pool", "AsyncResult", "serve_host", "empty", "zeros", "share_", "is_shared",
-    "share_module", "share_optimizer", "shared", "stats", "check_shm", "worker_info",
-    "WorkerInfo", "Error", "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown",
-    "TaskError", "Timeout", "WorkerLost",
+    # ferry's own
+    "Queue", "SimpleQueue", "JoinableQueue", "get_context", "Pool", "AsyncResult",
+    "IMapIterator", "serve_host", "empty", "zeros", "share_", "is_shared", "share_module",
+    "share_optimizer", "shared", "stats", "check_shm", "worker_info", "WorkerInfo", "Error",
+    "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown", "TaskError", "Timeout",
+    "WorkerLost",
+    # torch.multiprocessing's and multiprocessing's (_mp)
+    "Process", "Manager", "Pipe", "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition",
+    "Event", "Barrier", "Value", "Array", "RawValue", "RawArray", "cpu_count", "current_process",
+    "active_children", "parent_process", "set_start_method", "get_start_method",
+    "get_all_start_methods", "set_executable", "set_forkserver_preload", "freeze_support",
+    "get_logger", "log_to_stderr", "allow_connection_pickling", "spawn", "start_processes",
+    "ProcessContext", "ProcessExitedException", "ProcessRaisedException", "ProcessError",
+    "TimeoutError", "AuthenticationError", "BufferTooShort", "set_sharing_strategy",
+    "get_sharing_strategy", "get_all_sharing_strategies",
 ]
 
 

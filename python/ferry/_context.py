@@ -1,8 +1,13 @@
-"""ferry.get_context(): multiprocessing's context of a start method, with ferry's queues.
+"""ferry.get_context(): multiprocessing's context of a start method, with ferry's queues and pool.
 
-torch.utils.data.DataLoader takes it as `multiprocessing_context`: its workers' index and result
-queues are then ferry's, batches travel zero-copy, and a worker's dataset, collate_fn and
-worker_init_fn may hold lambdas under spawn too.
+It works wherever the standard library and PyTorch take a context: its Queue, SimpleQueue and
+JoinableQueue are ferry's, so torch.utils.data.DataLoader (multiprocessing_context=...) moves its
+batches zero-copy and concurrent.futures.ProcessPoolExecutor (mp_context=...) its results; its
+Pool is ferry.Pool. Its locks, events, values and Manager are multiprocessing's, made so that
+a ferry.Pool's workers can open them too. What a process of it is given (a DataLoader's dataset,
+collate_fn, worker_init_fn; an executor's initializer) pickles as multiprocessing pickles it,
+and where that fails (a lambda, a local class) by value, with cloudpickle, so those are fine
+under spawn too.
 """
 
 import contextlib
@@ -18,7 +23,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 
 from . import _C
-from ._queue import Queue, SimpleQueue
+from . import _main
+from ._queue import JoinableQueue, Queue, SimpleQueue
 
 # The environment a worker is started with is the parent's own: the parent's is changed for the
 # instant a spawned child is started, under this lock.
@@ -26,10 +32,19 @@ _env_lock = threading.Lock()
 _contexts = {}
 
 
+# Locks, values and the rest are made by the spawn context, whatever the start method: a fork
+# context's semaphores have no name, and only a child forked after them could open them, not a
+# ferry.Pool's worker. A named one works with forked children too.
+_SHAREABLE = ("Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
+              "Value", "Array", "RawValue", "RawArray")
+
+
 def get_context(method=None, *, cuda=False):
     """multiprocessing's context for start method `method` ("fork", "spawn", "forkserver"; None:
-    the default), whose Queue and SimpleQueue are ferry's and whose Process, Event, Lock and the
-    rest are the standard ones. Pass it to DataLoader(multiprocessing_context=...).
+    the default), whose Queue, SimpleQueue and JoinableQueue are ferry's, whose Pool is
+    ferry.Pool, and whose Process, Manager, Event, Lock and the rest are the standard ones (see
+    the top of this file). Pass it to DataLoader(multiprocessing_context=...) or
+    ProcessPoolExecutor(mp_context=...).
 
     Its processes see no GPU (CUDA_VISIBLE_DEVICES is empty in them) unless `cuda` is true, so a
     module whose import touches CUDA creates no CUDA context per worker. Under spawn and
@@ -58,10 +73,25 @@ def _make_context(base_cls, cuda):
         def SimpleQueue(self):
             return SimpleQueue()
 
+        def JoinableQueue(self, maxsize=0):
+            return JoinableQueue(maxsize)
+
+        def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
+            from ._pool import Pool
+
+            return Pool(processes, initializer, initargs, maxtasksperchild)
+
         def __repr__(self):
             gpus = "with" if cuda else "without"
             return f"<ferry context {self._name!r}, processes {gpus} GPUs>"
 
+    spawn = multiprocessing.get_context("spawn")
+    for name in _SHAREABLE:
+        def make(self, *args, _name=name, **kwargs):
+            return getattr(spawn, _name)(*args, **kwargs)
+
+        make.__name__ = make.__qualname__ = name
+        setattr(FerryContext, name, make)
     FerryContext.__name__ = FerryContext.__qualname__ = f"Ferry{base_cls.__name__}"
     return FerryContext()
 
@@ -80,7 +110,7 @@ def _gpus_hidden():
                 os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-class _FerryProcess:
+class FerryProcessBase:
     """What a process of ferry's context adds to the standard one of its start method."""
 
     _ferry_cuda = False
@@ -102,29 +132,31 @@ class _FerryProcess:
         super().run()
 
     # Under spawn and forkserver the process object is pickled to the child: its target and
-    # arguments go by cloudpickle, within the same dump, so fds (a ferry.Queue's) still go the
-    # way the start method passes them.
+    # arguments go as multiprocessing pickles them, else by cloudpickle, within the same dump, so
+    # fds (a ferry.Queue's) still go the way the start method passes them.
     def __getstate__(self):
         state = self.__dict__.copy()
         call = (state.pop("_target"), state.pop("_args"), state.pop("_kwargs"))
-        state["_ferry_call"] = _cloud_dumps(call)
+        state["_ferry_call"] = _dumps(call)
         return state
 
     def __setstate__(self, state):
+        # What came by value from the parent's script shares this process's __main__ (_main).
+        _main.share_namespace()
         call = pickle.loads(state.pop("_ferry_call"))
         self.__dict__.update(state)
         self._target, self._args, self._kwargs = call
 
 
-class FerryForkProcess(_FerryProcess, multiprocessing.context.ForkProcess):
+class FerryForkProcess(FerryProcessBase, multiprocessing.context.ForkProcess):
     _standard = multiprocessing.context.ForkProcess
 
 
-class FerrySpawnProcess(_FerryProcess, multiprocessing.context.SpawnProcess):
+class FerrySpawnProcess(FerryProcessBase, multiprocessing.context.SpawnProcess):
     _standard = multiprocessing.context.SpawnProcess
 
 
-class FerryForkServerProcess(_FerryProcess, multiprocessing.context.ForkServerProcess):
+class FerryForkServerProcess(FerryProcessBase, multiprocessing.context.ForkServerProcess):
     _standard = multiprocessing.context.ForkServerProcess
 
 
@@ -132,19 +164,38 @@ _PROCESSES = {"fork": FerryForkProcess, "spawn": FerrySpawnProcess,
               "forkserver": FerryForkServerProcess}
 
 
+def _dumps(obj):
+    """obj as multiprocessing pickles it for a child; by value (cloudpickle) where that fails."""
+    # The fds the failed try handed to the child's Popen go again with the second: drop the
+    # first ones (spawn refuses an fd passed twice; forkserver numbers them by position).
+    fds = getattr(multiprocessing.context.get_spawning_popen(), "_fds", None)
+    passed = len(fds) if isinstance(fds, list) else None
+    try:
+        return bytes(ForkingPickler.dumps(obj, pickle.HIGHEST_PROTOCOL))
+    except (pickle.PicklingError, AttributeError, TypeError):
+        if passed is not None:
+            del fds[passed:]
+        return _cloud_dumps(obj)
+
+
+_CloudPickler = None
+
+
 def _cloud_dumps(obj):
-    import cloudpickle
+    global _CloudPickler
+    if _CloudPickler is None:
+        import cloudpickle
 
-    class Pickler(cloudpickle.CloudPickler):
-        def __init__(self, file):
-            super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-            # What multiprocessing's own pickler knows (connections, sockets, torch's
-            # reductions), with cloudpickle's reducers first.
-            self.dispatch_table = ChainMap(self.dispatch_table, ForkingPickler._extra_reducers,
-                                           copyreg.dispatch_table)
+        class Pickler(_main.BindsMain, cloudpickle.CloudPickler):
+            # What multiprocessing's own pickler knows (connections, sockets, the memory of a
+            # Value, torch's reductions), after cloudpickle's reducers. A class attribute: the C
+            # pickler reads its dispatch table only when it is made.
+            dispatch_table = ChainMap(cloudpickle.CloudPickler.dispatch_table,
+                                      ForkingPickler._extra_reducers, copyreg.dispatch_table)
 
+        _CloudPickler = Pickler
     buf = io.BytesIO()
-    Pickler(buf).dump(obj)
+    _CloudPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
 
 

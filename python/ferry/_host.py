@@ -35,6 +35,11 @@ def serve_host(join, *, processes=None, devices=None, secret_file=None, name=Non
     devices = _devices(processes, devices)
     if maxtasks_inflight < 1:
         raise ValueError(f"maxtasks_inflight={maxtasks_inflight}: give 1 or more")
+    # Checked before joining, so a bad option leaves no head waiting.
+    executable, args, config = _worker_command()
+    options = _C.PoolOptions(executable=executable, args=args, config=config, retries=retries,
+                             maxtasks_inflight=maxtasks_inflight, task_timeout=task_timeout,
+                             start_timeout=start_timeout, threads_per_worker=threads_per_worker)
     joined = _C.join_head(join, secret_file or "", name or socket.gethostname(), address or "",
                           devices, int(maxtasks_inflight), float(join_timeout), float(heartbeat),
                           float(lost_after))
@@ -45,10 +50,7 @@ def serve_host(join, *, processes=None, devices=None, secret_file=None, name=Non
 
     def run():
         try:
-            box["end"] = joined.serve(
-                *_worker_command(), int(retries),
-                int(maxtasks_inflight), 0.0 if task_timeout is None else float(task_timeout),
-                float(start_timeout), int(threads_per_worker), flag)
+            box["end"] = joined.serve(options, flag)
         except BaseException as e:
             box["error"] = e
 

@@ -8,6 +8,7 @@ transport: arena storages in place, other CPU storages first moved into shared m
 quantized, other devices, tensor subclasses) is pickled by value.
 """
 
+import collections.abc
 import copyreg
 import io
 import pickle
@@ -16,14 +17,35 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 
 from . import _C
+from . import _handles
+from . import _main
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
-# multiprocessing's reducers (connections, sockets...) but not torch.multiprocessing's: a tensor
-# that ferry leaves to pickle goes by value, not by torch's file descriptors.
-_DISPATCH = dict(copyreg.dispatch_table)
-_DISPATCH.update({k: v for k, v in ForkingPickler._extra_reducers.items()
-                  if not getattr(k, "__module__", "").startswith("torch")})
+
+class _Reducers(collections.abc.Mapping):
+    """The pickler's dispatch table: copyreg's reducers and multiprocessing's (connections,
+    sockets, the memory of a Value), looked up when an object is pickled, so that those
+    registered since (multiprocessing.heap registers its arena's at the first Value) count too;
+    not torch.multiprocessing's: a tensor that ferry leaves to pickle goes by value, not by
+    torch's fds. In a message for a pool's workers a lock goes by name (_handles)."""
+
+    def __getitem__(self, cls):
+        if issubclass(cls, _handles.SEMLOCK) and _handles.pickling_for_pool():
+            return _handles.reduce_semlock
+        reduce = ForkingPickler._extra_reducers.get(cls)
+        if reduce is not None and not getattr(cls, "__module__", "").startswith("torch"):
+            return reduce
+        return copyreg.dispatch_table[cls]
+
+    def __iter__(self):
+        return iter(set(copyreg.dispatch_table) | set(ForkingPickler._extra_reducers))
+
+    def __len__(self):
+        return len(set(self))
+
+
+_DISPATCH = _Reducers()
 
 NON_LEAF = ("a tensor that requires grad and is not a leaf cannot cross a process boundary: "
             "autograd does not follow it there. Send t.detach() for the data, or make it a leaf "
@@ -90,8 +112,9 @@ class _Pickler(_TensorRefs, pickle.Pickler):
 def _cloud_pickler():
     import cloudpickle
 
-    class CloudPickler(_TensorRefs, cloudpickle.CloudPickler):
-        pass
+    class CloudPickler(_TensorRefs, _main.BindsMain, cloudpickle.CloudPickler):
+        # Set before the pickler is made: the C pickler reads it only then.
+        dispatch_table = collections.ChainMap(cloudpickle.CloudPickler.dispatch_table, _DISPATCH)
 
     return CloudPickler
 
@@ -124,17 +147,29 @@ def _plain(obj, depth=4):
     return False
 
 
-def dumps(obj, limit, functions=False):
+def dumps(obj, limit, functions=False, held=None):
     """(payload bytes, bases) for obj; `functions` pickles lambdas and closures (cloudpickle,
-    some 10x slower than pickle, so "auto" tries pickle first)."""
-    global _CLOUD
+    some 10x slower than pickle, so "auto" tries pickle first, and takes cloudpickle where pickle
+    named something of __main__, which a pool's worker does not import). `held`, a list: obj
+    goes to a pool's workers, and what it needs besides its bytes is appended (_handles)."""
     if _plain(obj):
         return pickle.dumps(obj, _PROTOCOL), []
+    if held is None:
+        return _dumps(obj, limit, functions)
+    with _handles.for_pool(obj, held):
+        return _dumps(obj, limit, functions)
+
+
+def _dumps(obj, limit, functions):
+    global _CLOUD
     if functions == "auto":
         try:
-            return dumps(obj, limit, False)
+            payload, bases = _dumps(obj, limit, False)
         except (pickle.PicklingError, AttributeError, TypeError):
-            return dumps(obj, limit, True)
+            return _dumps(obj, limit, True)
+        if b"__main__" not in payload or _main.shares_namespace():
+            return payload, bases
+        return _dumps(obj, limit, True)  # a class or function of the script: by value
     packer = _Packer(limit)
     buf = io.BytesIO()
     if functions:

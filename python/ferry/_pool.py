@@ -1,25 +1,31 @@
 """ferry.Pool: multiprocessing.Pool's calls on ferry's C++ supervisor, with Python workers.
 
-Ordering, retries, restarts, back-pressure and shutdown are the supervisor's (ferry::Pool); this
-module pickles calls (cloudpickle: lambdas and closures too) and unpickles results.
+Ordering, retries, restarts, back-pressure and shutdown are the supervisor's (ferry::Pool). This
+module pickles calls (cloudpickle: lambdas and closures too; queues, locks, values and manager
+proxies too, _handles), unpickles results, and raises a task's own exception (_errors). Every
+wait is sliced (_waiting), so Ctrl-C reaches the caller within a slice, and terminate() kills
+the workers at once.
 """
 
 import base64
+import collections
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 import threading
+import weakref
 
 import torch
 
 from . import _C
+from . import _errors
 from . import _pickle
+from . import _waiting
 from ._C import Timeout
 
-TASK_TENSORS = 64  # tensors one task takes or returns (the supervisor's protocol limit)
 HOST_DEPTH = 3  # tasks a host's worker holds by default (serve_host, --maxtasks-inflight)
-SHARED_STORAGES = 16384  # storages a pool's shared objects may hold (the supervisor's limit)
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
          "sys.exit(w.main(sys.argv[1:]))")
@@ -34,9 +40,11 @@ def _require_hosts(what):
 
 
 def _worker_command():
-    """(executable, args, base config) that start a Python worker on this machine."""
+    """(executable, args, base config) that start a Python worker on this machine: this
+    process's sys.path, and its authkey, which its manager proxies and connections trust."""
     return (sys.executable, ["-c", _BOOT.format(root=_package_root())],
-            {"python.path": json.dumps([p for p in sys.path if p])})
+            {"python.path": json.dumps([p for p in sys.path if p]),
+             "python.authkey": bytes(multiprocessing.current_process().authkey).hex()})
 
 
 def _hub(listen, secret_file, join_timeout, heartbeat, lost_after, initializer):
@@ -76,7 +84,7 @@ class AsyncResult:
     """
 
     def __init__(self, wait, resolve, callback=None, error_callback=None):
-        self._wait = wait
+        self._wait_once = wait
         self._resolve = resolve
         self._lock = threading.Lock()
         self._settled = False
@@ -93,6 +101,12 @@ class AsyncResult:
 
             threading.Thread(target=notify, name="ferry-callback", daemon=True).start()
 
+    def _wait(self, timeout):
+        """Whether the work has ended within `timeout` seconds (None: for ever), in slices."""
+        if self._settled:
+            return True
+        return _waiting.wait(lambda t: (self._wait_once(t), None), timeout)[0]
+
     def _settle(self):
         with self._lock:
             if not self._settled:
@@ -103,7 +117,7 @@ class AsyncResult:
                 self._settled = True
 
     def ready(self):
-        return self._settled or self._wait(0)
+        return self._settled or self._wait_once(0)
 
     def successful(self):
         if not self.ready():
@@ -116,7 +130,7 @@ class AsyncResult:
 
     def get(self, timeout=None):
         if not self._wait(timeout):
-            raise TimeoutError
+            raise multiprocessing.TimeoutError
         self._settle()
         if self._error is not None:
             raise self._error
@@ -145,6 +159,110 @@ def _in_thread(work):
     return done.wait, resolve
 
 
+class _Stream:
+    """Tasks over the chunks of an iterable, read only as the pool has room, and their results as
+    they finish: (chunk index, values or the exception to raise for it). What each chunk's
+    message needs besides its bytes (_handles) is held until its result is in."""
+
+    def __init__(self, pool, fn, iterable, chunksize, star):
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        self._pool = pool
+        self._name = _errors.name_of(fn)
+        self._held = {}
+        self._fn = pool._function(fn, self._held.setdefault(None, []))
+        self._star = star
+        it = iter(iterable)
+        self._chunks = iter(lambda: list(itertools.islice(it, chunksize)), [])
+        # The C++ stream holds what makes its inputs: by a weak reference, or this stream and
+        # the pool behind it would be a cycle through C++ that Python's collector cannot see.
+        ref = weakref.ref(self)
+        self._results = pool._pool.imap_unordered(
+            lambda i: ref()._make(i) if ref() is not None else None)
+
+    def _make(self, i):
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            return None
+        held = []
+        message = self._pool._message(self._fn, chunk, self._star, held)
+        if held:
+            self._held[i] = held
+        return message
+
+    def next(self, timeout=None):
+        """(index, values) or (index, exception) of a finished chunk; None after the last; False
+        when `timeout` seconds passed first."""
+        def attempt(t):
+            try:
+                got = self._results.next(t)
+            except _C.TaskError as e:
+                return True, (e.index, _errors.raised(e, self._name))
+            except _C.ShutDown as e:
+                return True, (getattr(e, "index", None), _errors.raised(e, self._name))
+            if got is False:
+                return False, None
+            if got is None:
+                return True, None
+            index, (payload, bases) = got
+            return True, (index, _pickle.loads(payload, bases))
+
+        done, got = _waiting.wait(attempt, timeout)
+        if not done:
+            return False
+        if got is None:
+            self._results = None  # ended: the C++ stream and what it holds go now
+        else:
+            self._held.pop(got[0], None)
+        return got
+
+
+class IMapIterator:
+    """multiprocessing's IMapIterator: results in input order (imap) or as they finish
+    (imap_unordered); iterate it, or next(timeout), which raises multiprocessing.TimeoutError
+    when `timeout` seconds pass first. The inputs are read as the pool has room: an endless
+    iterable streams. A task's exception is raised where its result would have come."""
+
+    def __init__(self, stream, ordered):
+        self._stream = stream
+        self._ordered = ordered
+        self._chunks = {}  # chunk index -> its values (or exception), waiting for its turn
+        self._expected = 0
+        self._values = collections.deque()  # the current chunk's values not yet returned
+        self._ended = False
+
+    def __iter__(self):
+        return self
+
+    def next(self, timeout=None):
+        while not self._values:
+            if self._ordered and self._expected in self._chunks:
+                self._take(self._chunks.pop(self._expected))
+                self._expected += 1
+                continue
+            if self._ended:
+                raise StopIteration
+            got = self._stream.next(timeout)
+            if got is False:
+                raise multiprocessing.TimeoutError
+            if got is None:
+                self._ended = True
+                continue
+            index, out = got
+            if self._ordered:
+                self._chunks[index] = out
+            else:
+                self._take(out)
+        return self._values.popleft()
+
+    __next__ = next
+
+    def _take(self, out):
+        if isinstance(out, BaseException):
+            raise out
+        self._values = collections.deque(out)
+
+
 class Pool:
     """Worker processes that run Python calls, on a device list.
 
@@ -153,10 +271,15 @@ class Pool:
 
     One worker per entry of `devices` (e.g. ["cuda:0", "cuda:1", "cpu"]), else `processes` CPU
     workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
-    worker is restarted and its tasks tried again up to `retries` times; a task's exception
-    comes back as ferry.TaskError with the worker's traceback. A worker holds at most
-    `maxtasks_inflight` tasks; None lets the pool choose for each worker, 3 to 16, deeper the
-    shorter its tasks.
+    worker is restarted and its tasks tried again up to `retries` times; a task's exception is
+    raised in the caller as itself, with the worker's traceback as its __cause__ (ferry.TaskError
+    only where it cannot be pickled). A worker holds at most `maxtasks_inflight` tasks; None lets
+    the pool choose for each worker, 3 to 16, deeper the shorter its tasks.
+
+    The functions of the script being run share one namespace in each worker, as under
+    multiprocessing: what the initializer sets in a global, the tasks see. Queues (ferry's and
+    multiprocessing's), locks, events, values and manager proxies may be given to tasks, the
+    initializer and `shared`.
 
     `shared` ({name: object}) is held by every worker, and every restarted one, for its whole
     life: its tensors are this process's memory itself, never a copy (a module and its
@@ -187,9 +310,14 @@ class Pool:
                                               not 1 <= maxtasks_inflight <= 1000):
             raise ValueError(f"maxtasks_inflight={maxtasks_inflight!r}: give 1 to 1000 tasks per "
                              "worker, or None to let the pool choose by how long tasks take")
+        self._state = "starting"
+        # What the initializer and the shared objects need, for the pool's life: every restarted
+        # worker unpickles them again (multiprocessing keeps its initargs so too).
+        self._keep = [initializer, initargs, shared]
         executable, args, config = _worker_command()
         if initializer is not None:
-            payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True)
+            payload, _ = _pickle.dumps((initializer, tuple(initargs)), 0, functions=True,
+                                       held=self._keep)
             config["python.initializer"] = base64.b64encode(payload).decode()
         self._hub = None
         if listen is not None:
@@ -208,13 +336,16 @@ class Pool:
             if not isinstance(shared, dict) or not all(isinstance(k, str) for k in shared):
                 raise TypeError("shared must be a dict of names to objects, e.g. "
                                 "{'model': model, 'optimizer': opt}")
-            payload, shared_bases = _pickle.dumps(dict(shared), SHARED_STORAGES, functions="auto")
+            payload, shared_bases = _pickle.dumps(dict(shared), _C.MAX_SHARED_TENSORS,
+                                                  functions="auto", held=self._keep)
             config["python.shared"] = base64.b64encode(payload).decode()
-        self._pool = _C.Pool(devices, executable, args, config, retries, maxtasks_inflight or 0,
-                             0.0 if task_timeout is None else float(task_timeout),
-                             float(start_timeout), threads_per_worker, shared_bases, self._hub)
+        options = _C.PoolOptions(devices=devices, executable=executable, args=args,
+                                 config=config, retries=retries,
+                                 maxtasks_inflight=maxtasks_inflight or 0,
+                                 task_timeout=task_timeout, start_timeout=start_timeout,
+                                 threads_per_worker=threads_per_worker)
+        self._pool = _C.Pool(options, shared_bases, self._hub)
         self._state = "run"
-        self._lock = threading.Lock()
         if wait_hosts and not self._hub.wait_for_hosts(int(wait_hosts), float(join_timeout)):
             self.terminate()
             raise Timeout(f"{self._hub.stats()['live']} of wait_hosts={wait_hosts} hosts joined "
@@ -226,75 +357,65 @@ class Pool:
         if self._state != "run":
             raise ValueError("Pool not running")
 
-    def _function(self, fn):
+    def _function(self, fn, held):
         """What a task message says of fn: its cloudpickle (bytes, which no function is), made
         once per call of map() and cached by the workers, or fn itself when pickling it takes
         tensors along."""
-        payload, bases = _pickle.dumps(fn, TASK_TENSORS - 1, functions=True)
+        payload, bases = _pickle.dumps(fn, _C.MAX_TASK_TENSORS - 1, functions=True, held=held)
         return payload if not bases else fn
 
-    def _message(self, fn, calls, star):
+    def _message(self, fn, calls, star, held):
         # pickle, not cloudpickle, for the arguments when the function is pickled already; a
         # function that takes tensors along is pickled here, by value (cloudpickle) where it is
         # __main__'s or a closure, which workers could not find by name.
         functions = "auto" if type(fn) is bytes else True
-        return _pickle.dumps((fn, calls, star), TASK_TENSORS - 1, functions=functions)
+        return _pickle.dumps((fn, calls, star), _C.MAX_TASK_TENSORS - 1, functions=functions,
+                             held=held)
 
     def _submit(self, fn, calls, star):
+        """Hands one task to the pool, waiting (in slices) while it is full; its Future."""
         self._check_running()
-        payload, bases = self._message(self._function(fn), calls, star)
-        return self._pool.submit(payload, bases)
+        held = []
+        payload, bases = self._message(self._function(fn, held), calls, star, held)
+        keep = held or None
+
+        def attempt(t):
+            try:
+                return True, self._pool.submit(payload, bases, keep, t)
+            except Timeout:
+                return False, None
+
+        return _waiting.wait(attempt, None)[1]
 
     def apply_async(self, func, args=(), kwds={}, callback=None, error_callback=None):
         call = (lambda a: func(*a[0], **a[1])) if kwds else func
         future = self._submit(call, [(tuple(args), dict(kwds)) if kwds else tuple(args)],
                               star=not kwds)
-        return AsyncResult(future.wait, lambda: _pickle.loads(*future.get())[0], callback,
-                           error_callback)
+        name = _errors.name_of(func)
+
+        def resolve():
+            try:
+                return _pickle.loads(*future.get())[0]
+            except (_C.TaskError, _C.ShutDown) as e:
+                raise _errors.raised(e, name)
+
+        return AsyncResult(future.wait, resolve, callback, error_callback)
 
     def apply(self, func, args=(), kwds={}):
         return self.apply_async(func, args, kwds).get()
 
-    def _chunks(self, iterable, chunksize):
-        it = iter(iterable)
-        while True:
-            chunk = list(itertools.islice(it, chunksize))
-            if not chunk:
-                return
-            yield chunk
-
-    def _unordered(self, fn, iterable, chunksize, star):
-        """(chunk index, results of that chunk) as tasks finish."""
+    def _stream(self, fn, iterable, chunksize, star):
         self._check_running()
-        if chunksize < 1:
-            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
-        chunks = list(self._chunks(iterable, chunksize))
-        fn = self._function(fn)
-        results = self._pool.imap_unordered(
-            len(chunks), lambda i: self._message(fn, chunks[i], star))
-        while True:
-            got = results.next()
-            if got is None:
-                return
-            index, (payload, bases) = got
-            chunks[index] = None  # the inputs are no longer needed here
-            yield index, _pickle.loads(payload, bases)
-
-    def imap_unordered(self, func, iterable, chunksize=1):
-        for _, out in self._unordered(func, iterable, chunksize, star=False):
-            yield from out
+        return _Stream(self, fn, iterable, chunksize, star)
 
     def imap(self, func, iterable, chunksize=1):
-        return self._ordered(func, iterable, chunksize, star=False)
+        """func over iterable, results in input order as an IMapIterator (next(timeout)); the
+        iterable is read as the pool has room, so an endless one streams."""
+        return IMapIterator(self._stream(func, iterable, chunksize, star=False), ordered=True)
 
-    def _ordered(self, fn, iterable, chunksize, star):
-        pending = {}
-        expected = 0
-        for index, out in self._unordered(fn, iterable, chunksize, star):
-            pending[index] = out
-            while expected in pending:
-                yield from pending.pop(expected)
-                expected += 1
+    def imap_unordered(self, func, iterable, chunksize=1):
+        """As imap(), results as they finish."""
+        return IMapIterator(self._stream(func, iterable, chunksize, star=False), ordered=False)
 
     def _default_chunksize(self, iterable):
         if not hasattr(iterable, "__len__"):
@@ -305,16 +426,29 @@ class Pool:
         chunksize, extra = divmod(len(iterable), workers * 4)
         return iterable, chunksize + (1 if extra else 0) or 1
 
-    def map(self, func, iterable, chunksize=None):
-        """func over iterable, results in input order; the first failure raises TaskError."""
+    def _map(self, func, iterable, chunksize, star):
+        """Every result in input order; as multiprocessing's map, the first task to fail (in time)
+        raises its exception at once."""
         if chunksize is None:
             iterable, chunksize = self._default_chunksize(iterable)
-        return list(self._ordered(func, iterable, chunksize, star=False))
+        stream = self._stream(func, iterable, chunksize, star)
+        chunks = {}
+        while True:
+            got = stream.next()
+            if got is None:
+                break
+            index, out = got
+            if isinstance(out, BaseException):
+                raise out
+            chunks[index] = out
+        return [v for i in range(len(chunks)) for v in chunks[i]]
+
+    def map(self, func, iterable, chunksize=None):
+        """func over iterable, results in input order; a task's exception is raised as itself."""
+        return self._map(func, iterable, chunksize, star=False)
 
     def starmap(self, func, iterable, chunksize=None):
-        if chunksize is None:
-            iterable, chunksize = self._default_chunksize(iterable)
-        return list(self._ordered(func, iterable, chunksize, star=True))
+        return self._map(func, iterable, chunksize, star=True)
 
     def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
         self._check_running()
@@ -335,15 +469,22 @@ class Pool:
             self._state = "close"
 
     def terminate(self):
-        """Stops the workers now; unfinished tasks fail with ferry.ShutDown."""
+        """Stops the workers now, busy or not (SIGKILL); unfinished tasks fail with
+        ferry.ShutDown."""
         self._state = "terminate"
-        self._pool.close(drain=False)
+        self._pool.close("kill")
 
     def join(self):
         """Waits for every submitted task, then for the workers to exit (after close())."""
         if self._state == "run":
             raise ValueError("Pool is still running")
-        self._pool.close(drain=self._state == "close")
+        how = "drain" if self._state == "close" else "kill"
+        # A drain may take long: it runs on a thread of its own while this one waits in slices,
+        # so Ctrl-C still comes, and terminate() (from the `with` block's end) cuts it short.
+        closing = threading.Thread(target=self._pool.close, args=(how,), name="ferry-join",
+                                   daemon=True)
+        closing.start()
+        _waiting.wait(lambda t: (closing.join(t) or not closing.is_alive(), None), None)
 
     def __enter__(self):
         self._check_running()
@@ -358,7 +499,7 @@ class Pool:
     def __del__(self):
         pool = getattr(self, "_pool", None)
         if pool is not None:
-            pool.close(drain=False)
+            pool.close("kill")
 
     # -- what it did ----------------------------------------------------------------------------
     def stats(self):

@@ -1,12 +1,26 @@
-"""ferry.Queue and ferry.SimpleQueue: multiprocessing's queues, with tensors by ferry."""
+"""ferry.Queue, ferry.SimpleQueue, ferry.JoinableQueue: multiprocessing's queues, with tensors by
+ferry.
+
+Every wait ends: a get() on an empty queue raises ferry.PeerDead, naming each process and how it
+ended, once every other process that held the queue (and so could have put) has exited and no
+child is on its way to it; a put() on a full one likewise once nobody could get. A child handed
+the queue as it starts (spawn, forkserver) counts from then on, and one that dies before it
+arrives counts as one that held it. Gets and puts wait in slices (_waiting), so Ctrl-C and
+signal handlers run while they wait.
+"""
 
 import os
 import queue as _stdqueue
+import select
+import threading
 import weakref
+from multiprocessing import context as _mp_context
 from multiprocessing.reduction import DupFd
 
 from . import _C
+from . import _handles
 from . import _pickle
+from . import _waiting
 from ._exit import linger_at_exit
 
 # Tensors one queue holds in flight (each message takes one for its payload and one per
@@ -30,6 +44,7 @@ def _before_fork():
 def _after_fork_in_child():
     for q in list(_live):
         q._q.hold(True)
+        q._children = []
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -49,7 +64,8 @@ class Queue:
     """A process-safe FIFO of picklable objects; the tensors inside them travel by ferry.
 
     Queue(maxsize=0): at most `maxsize` objects queued (0: no bound but its room for tensors).
-    Hand it to children started by fork, spawn or forkserver, as with multiprocessing.Queue.
+    Hand it to children started by fork, spawn or forkserver, as with multiprocessing.Queue, or
+    to a ferry.Pool's tasks and initializer, which multiprocessing's queues cannot reach.
     """
 
     def __init__(self, maxsize=0, *, ctx=None):
@@ -58,6 +74,7 @@ class Queue:
         capacity = min(_MAX_CAPACITY, max(_CAPACITY, 2 * int(maxsize)))
         self._q = _C.TensorQueue.create(capacity, int(maxsize))
         self._closed = False
+        self._children = []  # [weakref to the Popen of a child being handed it, its pid]
         _live.add(self)
 
     # -- multiprocessing.Queue ----------------------------------------------------------------
@@ -68,21 +85,31 @@ class Queue:
         seconds = _seconds(block, timeout)
         payload, bases = _pickle.dumps(obj, self._q.capacity() - 1)
         linger_at_exit()
-        try:
-            self._q.put(payload, bases, seconds)
-        except _C.Timeout:
-            raise _stdqueue.Full from None
+
+        def attempt(t):
+            try:
+                self._q.put(payload, bases, t)
+                return True, None
+            except _C.Timeout:
+                return False, None
+
+        if not _waiting.wait(attempt, seconds, self._expire)[0]:
+            raise _stdqueue.Full
+        self._rang()
 
     def get(self, block=True, timeout=None):
         """The oldest object; blocks while empty, up to timeout (then queue.Empty). Raises
-        ferry.PeerDead when the queue is empty and every process that put into it, or was given
-        it and could have, has exited."""
-        seconds = _seconds(block, timeout)
-        try:
-            payload, bases = self._q.get(seconds)
-        except _C.Timeout:
-            raise _stdqueue.Empty from None
-        return _pickle.loads(payload, bases)
+        ferry.PeerDead when the queue is empty and every other process that held it, and could
+        have put, has exited (see the top of this file)."""
+        got, message = _waiting.wait(self._attempt_get, _seconds(block, timeout), self._expire)
+        if not got:
+            raise _stdqueue.Empty
+        self._answered()
+        return _pickle.loads(*message)
+
+    def _attempt_get(self, seconds):
+        message = self._q.get(seconds)
+        return message is not None, message
 
     def put_nowait(self, obj):
         return self.put(obj, False)
@@ -121,39 +148,165 @@ class Queue:
     def maxsize(self):
         return self._q.max_messages()
 
+    # -- what SimpleQueue adds (a doorbell) ---------------------------------------------------
+    def _rang(self):
+        pass
+
+    def _answered(self):
+        pass
+
+    # -- children that die before they arrive -------------------------------------------------
+    def _expect(self, popen):
+        """Counts the child `popen` is starting as on its way, once; False if counted already."""
+        for ref, _ in self._children:
+            if ref() is popen:
+                return False
+        self._children.append([weakref.ref(popen), None])
+        return True
+
+    def _expire(self):
+        """Between a wait's slices: a child that died before it arrived is on its way no more."""
+        if not self._children:
+            return
+        left = []
+        for entry in self._children:
+            popen = entry[0]()
+            if entry[1] is None and popen is not None:
+                entry[1] = getattr(popen, "pid", None)
+            pid = entry[1]
+            if pid is None:
+                if popen is not None:
+                    left.append(entry)  # not launched yet
+            elif _C.process_alive(pid):
+                left.append(entry)
+            else:
+                self._q.expire_announced(pid)
+        self._children = left
+
     # -- handing it to a child ----------------------------------------------------------------
     def __getstate__(self):
         # DupFd passes an fd the way the start method needs: inherited by spawn, sent to the
-        # forkserver, or served over a socket when the queue travels some other way. The custody
-        # socket goes too, so that what the child leaves queued when it exits outlives it. The
-        # child is announced now, so that until it has attached (a spawned child imports torch
-        # first) no get takes the queue's producers for all gone.
+        # forkserver, fetched by a pool's worker (_handles), or served over a socket when the
+        # queue travels some other way. The custody socket goes too, so that what the child
+        # leaves queued when it exits outlives it. A child being started is announced now, so
+        # that until it has attached (a spawned child imports torch first) no get takes the
+        # queue's producers for all gone; a pool's worker is not (it may unpickle a message
+        # several times, or never): it counts once it attaches.
+        popen = _mp_context.get_spawning_popen()
+        for_pool = isinstance(popen, _handles.PoolPopen)
         custody = self._q.custody_fd()
-        state = {"fd": DupFd(self._q.fd()), "custody": DupFd(custody) if custody >= 0 else None}
-        self._q.announce()
+        state = {"fd": DupFd(self._q.fd()), "custody": DupFd(custody) if custody >= 0 else None,
+                 "announced": not for_pool}
+        if not for_pool and (popen is None or self._expect(popen)):
+            self._q.announce()
         return state
 
     def __setstate__(self, state):
         fd = state["fd"].detach()
         custody = state["custody"].detach() if state.get("custody") is not None else -1
         try:
-            self._q = _C.TensorQueue.attach(fd, announced=True, custody_fd=custody)
+            self._q = _C.TensorQueue.attach(fd, announced=state.get("announced", True),
+                                            custody_fd=custody)
         finally:
             os.close(fd)
             if custody >= 0:
                 os.close(custody)
         self._closed = False
+        self._children = []
         _live.add(self)
 
     def __repr__(self):
         return f"<ferry.Queue maxsize={self.maxsize} qsize={self.qsize()}>"
 
 
+class _Bell:
+    """A pipe that holds one byte per message of a SimpleQueue, so that a process can wait for
+    it with select() among other fds (multiprocessing.connection.wait), as multiprocessing.Pool
+    and concurrent.futures wait for a SimpleQueue's _reader. A put rings after its message is
+    queued; a get takes one byte after its message (waiting a moment for a put that is ringing),
+    so the pipe is readable only while a message is there. A writer killed between the two
+    leaves a message without its byte: the next get still finds it, a select only sees the next
+    ring; its byte is owed and the next get takes it."""
+
+    def __init__(self, fds=None):
+        self.r, self.w = fds if fds is not None else os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.owed = 0
+        self._lock = threading.Lock()
+
+    def ring(self):
+        try:
+            os.write(self.w, b"\0")
+        except BlockingIOError:
+            pass  # a full pipe is readable already
+
+    def answer(self):
+        with self._lock:
+            self.owed += 1
+            self._take(wait=0.2)
+
+    def _take(self, wait=0.0):
+        while self.owed:
+            try:
+                self.owed -= len(os.read(self.r, self.owed))
+            except BlockingIOError:
+                if not wait or not select.select([self.r], [], [], wait)[0]:
+                    return
+                wait = 0.0
+
+    def readable(self, timeout):
+        with self._lock:
+            self._take()
+        return bool(select.select([self.r], [], [], timeout)[0])
+
+    def close(self):
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _Reader:
+    """A SimpleQueue's reading end as multiprocessing's Connection (recv, poll, fileno)."""
+
+    def __init__(self, q):
+        self._q = q
+
+    def fileno(self):
+        return self._q._bell.r
+
+    def poll(self, timeout=0.0):
+        return self._q._bell.readable(timeout)
+
+    def recv(self):
+        return self._q.get()
+
+    def close(self):
+        pass  # the queue goes on for this process's puts; its fds close with it
+
+
+class _Writer:
+    """A SimpleQueue's writing end as multiprocessing's Connection (send)."""
+
+    def __init__(self, q):
+        self._q = q
+
+    def send(self, obj):
+        self._q.put(obj)
+
+    def close(self):
+        pass
+
+
 class SimpleQueue(Queue):
-    """multiprocessing.SimpleQueue: put, get, empty, close; unbounded."""
+    """multiprocessing.SimpleQueue: put, get, empty, close; unbounded. Its `_reader` and
+    `_writer` stand in for multiprocessing's pipe ends, so multiprocessing.Pool and
+    concurrent.futures.ProcessPoolExecutor take it from ferry's context."""
 
     def __init__(self, *, ctx=None):
         super().__init__(0)
+        self._bell = _Bell()
+        self._rlock = self._wlock = threading.Lock()  # a ferry queue needs no lock of its own
 
     def put(self, obj):
         super().put(obj)
@@ -161,5 +314,88 @@ class SimpleQueue(Queue):
     def get(self):
         return super().get()
 
+    def _rang(self):
+        self._bell.ring()
+
+    def _answered(self):
+        self._bell.answer()
+
+    @property
+    def _reader(self):
+        return _Reader(self)
+
+    @property
+    def _writer(self):
+        return _Writer(self)
+
+    def _poll(self, timeout=0.0):
+        return self._bell.readable(timeout)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["bell"] = (DupFd(self._bell.r), DupFd(self._bell.w))
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        r, w = (d.detach() for d in state["bell"])
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        self._bell = _Bell((r, w))
+        self._rlock = self._wlock = threading.Lock()
+
+    def __del__(self):
+        bell = getattr(self, "_bell", None)
+        if bell is not None:
+            bell.close()
+
     def __repr__(self):
         return f"<ferry.SimpleQueue qsize={self.qsize()}>"
+
+
+class JoinableQueue(Queue):
+    """multiprocessing.JoinableQueue: a Queue whose consumers call task_done() for each object
+    they got, and whose join() waits until all have. The count lives in a semaphore and a
+    condition of multiprocessing's spawn context, which any child and a pool's workers open."""
+
+    def __init__(self, maxsize=0, *, ctx=None):
+        super().__init__(maxsize)
+        import multiprocessing
+
+        spawn = multiprocessing.get_context("spawn")
+        self._unfinished = spawn.Semaphore(0)
+        self._cond = spawn.Condition()
+
+    def put(self, obj, block=True, timeout=None):
+        self._unfinished.release()  # before the object can be got and marked done
+        try:
+            super().put(obj, block, timeout)
+        except BaseException:
+            self._unfinished.acquire(False)
+            raise
+
+    def task_done(self):
+        """One object got earlier is done with."""
+        with self._cond:
+            if not self._unfinished.acquire(False):
+                raise ValueError("task_done() called too many times")
+            if self._unfinished._semlock._is_zero():
+                self._cond.notify_all()
+
+    def join(self):
+        """Waits until every object put has been marked done."""
+        with self._cond:
+            while not self._unfinished._semlock._is_zero():
+                self._cond.wait(_waiting.SLICE)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["unfinished"], state["cond"] = self._unfinished, self._cond
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._unfinished, self._cond = state["unfinished"], state["cond"]
+
+    def __repr__(self):
+        return f"<ferry.JoinableQueue maxsize={self.maxsize} qsize={self.qsize()}>"

@@ -7,14 +7,16 @@ each task message is a pickled call (function, argument list, star) that run() c
 import base64
 import collections
 import json
+import multiprocessing
 import os
 import sys
-import traceback
 
 import torch
 
+from . import _C
+from . import _errors
+from . import _main
 from . import _pickle
-from ._pool import TASK_TENSORS
 
 WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
 
@@ -43,6 +45,12 @@ def _start(worker_id, device, config, shared):
     for p in reversed(json.loads(config.get("python.path", "[]"))):
         if p not in sys.path:
             sys.path.insert(0, p)
+    # The caller's authkey: its manager proxies and fd-passing connections trust this worker.
+    authkey = config.get("python.authkey")
+    if authkey:
+        multiprocessing.current_process().authkey = bytes.fromhex(authkey)
+    # Every function of the caller's script shares one namespace here (_main).
+    _main.share_namespace(_main.worker_module())
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -51,17 +59,19 @@ def _start(worker_id, device, config, shared):
     if blob:
         try:
             _shared = _pickle.loads(base64.b64decode(blob), shared)
-        except BaseException:
-            _init_error = ("the pool's shared objects could not be rebuilt in this worker:\n" +
-                           traceback.format_exc())
+        except BaseException as e:
+            # Not the task's own error: it stays a TaskError that says where it came from.
+            _init_error = ("the pool's shared objects could not be rebuilt in this worker: " +
+                           _errors.failure(e)[0], b"")
             return
     init = config.get("python.initializer")
     if init:
         try:
             fn, args = _pickle.loads(base64.b64decode(init), [])
             fn(*args)
-        except BaseException:
-            _init_error = "the pool's initializer failed in this worker:\n" + traceback.format_exc()
+        except BaseException as e:
+            _init_error = ("the pool's initializer failed in this worker: " +
+                           _errors.failure(e)[0], b"")
 
 
 def _function(blob):
@@ -77,21 +87,22 @@ def _function(blob):
 
 
 def run(worker_id, device, config, shared, payload, bases):
-    """(True, payload, bases) of the result, or (False, the error and its traceback, [])."""
+    """(True, payload, bases) of the result, or (False, the error's words with the worker's
+    traceback, the exception pickled or b"")."""
     if _info is None:
         _start(worker_id, device, config, shared)
     if _init_error is not None:
-        return False, _init_error, []
+        return False, _init_error[0], _init_error[1]
     try:
         fn, calls, star = _pickle.loads(payload, bases)
         if isinstance(fn, bytes):
             fn = _function(fn)
         out = [fn(*a) if star else fn(a) for a in calls]
-        payload, bases = _pickle.dumps(out, TASK_TENSORS - 1, functions="auto")
+        payload, bases = _pickle.dumps(out, _C.MAX_TASK_TENSORS - 1, functions="auto")
         return True, payload, bases
     except BaseException as e:  # a task's SystemExit is its failure, not the worker's end
-        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        return False, f"{type(e).__name__}: {e}\n\nworker traceback:\n{text}", []
+        words, detail = _errors.failure(e)
+        return False, words, detail
 
 
 def main(argv):
