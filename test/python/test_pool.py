@@ -1,5 +1,6 @@
 """ferry.Pool: Python workers under ferry's C++ supervisor, with multiprocessing.Pool's calls."""
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -69,14 +70,14 @@ def test_async_results_wait_time_out_and_report(pool):
     assert not r.ready()
     with pytest.raises(ValueError, match="not ready"):
         r.successful()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(multiprocessing.TimeoutError):  # multiprocessing's, not the builtin
         r.get(timeout=0.05)
     r.wait()
     assert r.ready() and r.successful() and r.get(timeout=0) == "late"
     bad = pool.apply_async(lambda: [][1])
     bad.wait(30)
     assert not bad.successful()
-    with pytest.raises(ferry.TaskError, match="IndexError"):
+    with pytest.raises(IndexError):
         bad.get()
 
 
@@ -88,22 +89,42 @@ def test_apply_async_callbacks_and_map_async(pool):
     failed = threading.Event()
     errors = []
     pool.apply_async(lambda: 1 / 0, error_callback=lambda e: (errors.append(e), failed.set()))
-    assert failed.wait(30) and isinstance(errors[0], ferry.TaskError)
+    assert failed.wait(30) and isinstance(errors[0], ZeroDivisionError)
     assert pool.map_async(square, range(4)).get(timeout=30) == [0, 1, 4, 9]
     assert pool.starmap_async(pow, [(2, 3)]).get(timeout=30) == [8]
 
 
-def test_a_task_exception_is_a_task_error_with_the_worker_traceback(pool):
+def test_a_task_exception_is_raised_as_itself_with_the_worker_traceback(pool):
     def fails(x):
         raise KeyError(f"no such key {x}")
 
-    with pytest.raises(ferry.TaskError) as e:
+    with pytest.raises(KeyError) as e:
         pool.map(fails, [41])
-    text = str(e.value)
-    assert "KeyError" in text and "no such key 41" in text
-    assert "worker traceback" in text and "in fails" in text
-    assert e.value.code == "task_failed" and e.value.worker in (0, 1)
+    assert e.value.args == ("no such key 41",)
+    cause = e.value.__cause__
+    assert isinstance(cause, multiprocessing.pool.RemoteTraceback)  # as multiprocessing's
+    assert "in fails" in str(cause) and "in worker" in str(cause) and ".fails' (input 0)" in str(cause)
     assert pool.map(square, [3]) == [9]  # the worker goes on
+
+
+class _Unpicklable(Exception):
+    def __init__(self, what):
+        super().__init__(what)
+        self.lock = threading.Lock()  # cannot be pickled
+
+
+def test_an_exception_that_cannot_travel_is_a_task_error_naming_the_function(pool):
+    def fails_oddly(x):
+        raise _Unpicklable(f"odd {x}")
+
+    with pytest.raises(ferry.TaskError) as e:
+        pool.map(fails_oddly, [5])
+    text = str(e.value)
+    assert "task 'test_an_exception_that_cannot_travel_is_a_task_error_naming_the_function." \
+           "<locals>.fails_oddly'" in text
+    assert "_Unpicklable: odd 5" in text and "worker traceback" in text
+    assert e.value.code == "task_failed" and e.value.worker in (0, 1)
+    assert e.value.task.endswith("fails_oddly")
 
 
 def test_tensors_go_in_and_out_by_shared_memory(pool):
@@ -130,10 +151,42 @@ def test_bounded_tasks_in_flight():
         it = p.imap(lambda x: x, inputs())
         first = next(it)
         assert first == 0
-        # The generator is read lazily only in so far as the pool has room: everything it
-        # yielded is listed up front, but no more than the pool's capacity is ever in flight.
+        # The generator is read as the pool has room, no further: at most the two tasks in
+        # flight and the one made that found no room.
+        assert len(pulled) <= 2 + 1 + 1
         assert p.stats()["submitted"] <= 2 + 1
         assert list(it) == list(range(1, 200))
+
+
+def test_imap_streams_an_endless_iterable_and_next_takes_a_timeout():
+    import itertools
+
+    with ferry.Pool(1, maxtasks_inflight=3) as p:
+        it = p.imap(square, itertools.count())
+        assert [next(it) for _ in range(50)] == [i * i for i in range(50)]
+        assert isinstance(it, ferry.IMapIterator)
+        slow = p.imap(_nap, [0.5])
+        with pytest.raises(multiprocessing.TimeoutError):
+            slow.next(timeout=0.05)
+        assert slow.next(timeout=30) in p.worker_pids()
+        with pytest.raises(StopIteration):
+            slow.next(timeout=30)
+
+
+def test_options_are_checked_each_by_its_name():
+    for kwargs, words in [({"task_timeout": -5}, "task_timeout=-5"),
+                          ({"task_timeout": 0}, "task_timeout=0: give a number of seconds above 0"),
+                          ({"start_timeout": 0}, "start_timeout=0"),
+                          ({"retries": -1}, "retries=-1"),
+                          ({"threads_per_worker": -2}, "threads_per_worker=-2")]:
+        with pytest.raises(ValueError, match=words):
+            ferry.Pool(1, **kwargs)
+    with pytest.raises(ValueError, match="no option 'nope'"):
+        ferry._C.PoolOptions(nope=1)
+    o = ferry._C.PoolOptions(task_timeout=2.5, retries=4)
+    assert o.task_timeout == 2.5 and o.retries == 4 and o.maxtasks_inflight == 0
+    assert ferry._C.PoolOptions().task_timeout is None  # no limit
+    assert ferry._C.MAX_TASK_TENSORS == 64 and ferry._C.MAX_SHARED_TENSORS == 16384
 
 
 def _nap(seconds):
@@ -184,7 +237,8 @@ def test_a_failing_initializer_fails_the_tasks_with_its_traceback():
         raise RuntimeError("cannot load the model")
 
     with ferry.Pool(1, initializer=bad) as p:
-        with pytest.raises(ferry.TaskError, match="cannot load the model"):
+        # Not the task's own error: a TaskError that says where it came from.
+        with pytest.raises(ferry.TaskError, match="initializer failed.*cannot load the model"):
             p.apply(square, (2,))
 
 

@@ -395,6 +395,73 @@ def test_a_killed_consumer_leaves_the_producer_nothing_open(method):
     assert ferry.stats()["arena"]["leases_outstanding"] == leases
 
 
+_PRODUCER = """
+import os, sys, time
+import multiprocessing as mp
+import torch
+import ferry
+
+def fds():
+    kinds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        kind = target.split(":")[0].split("[")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+def consume(q, back):
+    q.get(timeout=60)
+    back.put(os.getpid())
+    time.sleep(60)
+
+if __name__ == "__main__":
+    method, end = sys.argv[1], sys.argv[2]
+    q, back = ferry.Queue(), ferry.Queue()
+    before = fds()  # nothing sent yet: this process has no arena, ledger or server
+    p = mp.get_context(method).Process(target=consume, args=(q, back))
+    p.start()
+    q.put(torch.ones(1 << 18))
+    pid = back.get(timeout=60)
+    if end == "kill":
+        os.kill(pid, 9)
+    else:
+        p.terminate()
+    p.join(30)
+    time.sleep(0.5)
+    after = fds()
+    arena = ferry.stats()["arena"]
+    print(sorted((k, after.get(k, 0) - before.get(k, 0)) for k in set(before) | set(after)),
+          arena["segments"], arena["leases_outstanding"])
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_killed_consumer_leaves_in_a_fresh_producer_only_what_any_consumer_does(method,
+                                                                                   tmp_path):
+    """What a producer keeps after its first send is its own: its arena's segment, its lease
+    ledger and the socket peers fetch them from, for its whole life. A consumer SIGKILLed
+    leaves it no more than one that exits cleanly (seen as 'a memfd and a socket kept after the
+    consumer died' when counted from before the first send)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "producer.py"
+    script.write_text(_PRODUCER)
+    seen = {}
+    for end in ("kill", "exit"):
+        r = subprocess.run([sys.executable, str(script), method, end], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        seen[end] = r.stdout
+    assert seen["kill"] == seen["exit"], seen
+    # One arena segment, its ledger, the server's socket; no lease left out.
+    assert "('/memfd', 2)" in seen["kill"] and "('socket', 1)" in seen["kill"], seen
+    assert seen["kill"].strip().endswith("1 0"), seen
+
+
 def test_stats_count_zero_copy_and_copied_bytes_with_reasons():
     q = ferry.Queue()
     before = ferry.stats()

@@ -236,7 +236,7 @@ def _missing(_):
 
 def test_a_name_the_pool_does_not_share_is_a_clear_error():
     with ferry.Pool(1, shared={"w": torch.zeros(1)}) as pool:
-        with pytest.raises(ferry.TaskError, match="no object named 'nope'.*'w'"):
+        with pytest.raises(KeyError, match="no object named 'nope'.*'w'"):
             pool.apply(_missing, (0,))
     with pytest.raises(TypeError, match="dict of names"):
         ferry.Pool(1, shared=[torch.zeros(1)])
