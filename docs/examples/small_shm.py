@@ -55,11 +55,14 @@ def main():
     while True:
         try:
             kind, value, x = out.get(timeout=0.5)
+        except ferry.PeerDead:
+            # The loader exited with nothing more on the queue: it was the queue's only other
+            # holder, so the get says so at once instead of waiting.
+            p.join(30)
+            print(f"loader failed after {len(kept)} batches (exit {p.exitcode}); its error is "
+                  "above")
+            return 3
         except queue.Empty:
-            if p.exitcode not in (None, 0):
-                print(f"loader failed after {len(kept)} batches (exit {p.exitcode}); its "
-                      "error is above")
-                return 3
             continue
         if kind == "batch":
             assert x[0].item() == value % 251

@@ -196,10 +196,11 @@ class _Stream:
         def attempt(t):
             try:
                 got = self._results.next(t)
-            except _C.TaskError as e:
-                return True, (e.index, _errors.raised(e, self._name))
-            except _C.ShutDown as e:
-                return True, (getattr(e, "index", None), _errors.raised(e, self._name))
+            except (_C.TaskError, _C.ShutDown) as e:
+                index = getattr(e, "index", None)
+                if index is None:
+                    raise  # about the stream, not one of its tasks (the pool closed)
+                return True, (index, _errors.raised(e, self._name))
             if got is False:
                 return False, None
             if got is None:
