@@ -405,6 +405,43 @@ def test_ctrl_c_interrupts_every_wait_and_terminate_is_at_once(tmp_path):
         assert "did not stop" not in err
 
 
+def test_a_dataloader_hears_ctrl_c_and_a_dead_worker_at_once(tmp_path):
+    """DataLoader waits on its result queue in 5 s steps; ferry's queue heard neither Ctrl-C nor
+    torch's SIGCHLD handler until a step ended (5.0 s, where torch's context took 0.5 s)."""
+    same(tmp_path, """
+        import signal, threading
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            def __len__(self):
+                return 64
+
+            def __getitem__(self, i):
+                time.sleep(30 if i >= 2 else 0)
+                return torch.tensor([i])
+
+        def first_then(act):
+            it = iter(DataLoader(Slow(), batch_size=1, num_workers=2,
+                                 multiprocessing_context=mp.get_context("spawn")))
+            next(it)
+            t0 = time.monotonic()
+            threading.Timer(0.3, act, (it,)).start()
+            try:
+                next(it)
+                next(it)
+            except (KeyboardInterrupt, RuntimeError) as e:
+                return type(e).__name__, time.monotonic() - t0 - 0.3 < 2.5
+
+        if __name__ == "__main__":
+            print(first_then(lambda it: os.kill(os.getpid(), signal.SIGINT)))
+            print(first_then(lambda it: os.kill(it._workers[0].pid, signal.SIGKILL)))
+        """, """\
+        ('KeyboardInterrupt', True)
+        ('RuntimeError', True)
+        """)
+
+
 # -- 6. a consumer can no longer wait for ever ---------------------------------------------------
 
 def test_a_producer_that_dies_before_its_first_put_ends_the_get(tmp_path):
