@@ -12,6 +12,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::string, TaskFn> tasks;
+  StartFn start;
 };
 
 // Built on first use: registrations run during static initialisation, in any order.
@@ -60,6 +61,18 @@ void register_task(const std::string& name, TaskFn fn) {
     throw Error(Errc::invalid_argument,
                 "task '" + name + "' is registered twice; task names must be unique");
   }
+}
+
+void set_worker_start(StartFn fn) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.start = std::move(fn);
+}
+
+const StartFn* worker_start() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.start ? &r.start : nullptr;
 }
 
 const TaskFn* find_task(const std::string& name) {

@@ -54,6 +54,15 @@ class TaskFailure : public std::runtime_error {
   std::string detail_;
 };
 
+// What a worker runs once, right after its handshake and before its first task: a program's
+// set-up per worker process (the Python package runs the pool's initializer there, when the
+// worker starts, as multiprocessing.Pool does). `ctx.task` is empty. What it throws fails every
+// task the worker is then given, with its message; the worker lives on.
+using StartFn = std::function<void(TaskContext&)>;
+void set_worker_start(StartFn fn);
+// The start set by set_worker_start(), or null.
+const StartFn* worker_start();
+
 // Adds a task. Throws Error(invalid_argument) if the name is empty or already taken.
 void register_task(const std::string& name, TaskFn fn);
 // The task called `name`, or null.

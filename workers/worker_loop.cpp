@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "ipc/control_socket.hpp"
@@ -62,10 +63,39 @@ std::string device_problem(const std::string& device) {
   return "";
 }
 
-// Runs one task message and sends its result or its error back.
+// What a task (or the worker's start, with no task) is told of where it runs.
+TaskContext context_for(const protocol::Hello& hello, const NamedTensors& shared,
+                        std::string task) {
+  TaskContext ctx;
+  ctx.worker_id = hello.worker_id;
+  ctx.device = at::Device(hello.device);
+  ctx.task = std::move(task);
+  ctx.config = &hello.config;
+  ctx.logger = &log();
+  ctx.shared = &shared;
+  return ctx;
+}
+
+// Runs the program's start for this worker (set_worker_start); "" or why it failed.
+std::string run_start(const protocol::Hello& hello, const NamedTensors& shared) {
+  const StartFn* start = worker_start();
+  if (!start) return "";
+  TaskContext ctx = context_for(hello, shared, "");
+  try {
+    (*start)(ctx);
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("the worker's start failed: ") + e.what();
+  } catch (...) {
+    return "the worker's start threw something that is not a std::exception";
+  }
+}
+
+// Runs one task message and sends its result or its error back (`start_error`, when the
+// worker's start failed).
 void handle(const Tensors& message, const protocol::Hello& hello,
             const std::vector<std::string>& names, const NamedTensors& shared,
-            TensorQueue& results) {
+            const std::string& start_error, TensorQueue& results) {
   const protocol::TaskEnvelope env = protocol::unpack_task(message.at(0));
   protocol::ResultEnvelope reply;
   reply.task_id = env.task_id;
@@ -79,13 +109,8 @@ void handle(const Tensors& message, const protocol::Hello& hello,
       throw std::invalid_argument("task number " + std::to_string(env.task_index) +
                                   " is not one of this worker's");
     }
-    TaskContext ctx;
-    ctx.worker_id = hello.worker_id;
-    ctx.device = at::Device(hello.device);
-    ctx.task = names[env.task_index];
-    ctx.config = &hello.config;
-    ctx.logger = &log();
-    ctx.shared = &shared;
+    if (!start_error.empty()) throw std::runtime_error(start_error);
+    TaskContext ctx = context_for(hello, shared, names[env.task_index]);
     out = (*find_task(ctx.task))(ctx, Tensors(message.begin() + 1, message.end()));
     if (out.size() > protocol::kMaxTensorsPerTask) {
       throw std::length_error("returned " + std::to_string(out.size()) +
@@ -216,6 +241,8 @@ int serve_tasks(int control) {
   }
   send_control(control, protocol::encode(welcome));
   log().debug("worker {} (pid {}) serving on {}", hello.worker_id, ::getpid(), hello.device);
+  // After the welcome: the pool has started, and tasks queue up while a long start runs.
+  const std::string start_error = run_start(hello, shared);
 
   for (;;) {
     std::optional<Tensors> message;
@@ -230,7 +257,7 @@ int serve_tasks(int control) {
       continue;
     }
     try {
-      handle(*message, hello, welcome.tasks, shared, results);
+      handle(*message, hello, welcome.tasks, shared, start_error, results);
     } catch (const Error& e) {
       if (e.code() == Errc::peer_dead || e.code() == Errc::closed) return kWorkerSupervisorGone;
       throw;

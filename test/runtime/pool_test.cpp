@@ -488,6 +488,26 @@ TEST_CASE("Shutdown::Kill cuts short a drain another thread is waiting on") {
   CHECK(all_dead(pids, 100ms));
 }
 
+TEST_CASE("a worker's start runs once, before its first task; one that throws fails its tasks") {
+  for (const Start start : {cpu_pool(1).start, Start::Spawn}) {  // fork, save under TSan
+    Pool pool(cpu_pool(2, start));
+    for (int i = 0; i < 4; ++i) {
+      CHECK(pool.submit("starts", {}).get().at(0).item<std::int64_t>() == 1);
+    }
+  }
+  PoolOptions o = cpu_pool(1, Start::Spawn);
+  o.config["test.start"] = "fail";
+  Pool failing(o);
+  try {
+    failing.submit("square", {at::ones({1})}).get();
+    FAIL("a task ran in a worker whose start failed");
+  } catch (const TaskError& e) {
+    CHECK(e.code() == Errc::task_failed);
+    CHECK_THAT(e.message(), Catch::Contains("the worker's start failed: no model here"));
+  }
+  CHECK(failing.stats().workers.at(0).restarts == 0);  // it lives on, saying why
+}
+
 TEST_CASE("a task that fails with a TaskFailure hands its detail to the caller") {
   Pool pool(cpu_pool(1));
   auto bytes = [](std::size_t n) {

@@ -49,6 +49,21 @@ FERRY_TASK("fail_with_detail", [](TaskContext&, Tensors in) -> Tensors {
       std::string(static_cast<const char*>(d.data_ptr()), static_cast<std::size_t>(d.numel())));
 });
 
+// The program's start for each worker (set_worker_start): counts its runs, and throws when the
+// pool's config says "test.start" = "fail".
+int g_starts = 0;
+[[maybe_unused]] const bool g_start_set = [] {
+  ferry::set_worker_start([](TaskContext& ctx) {
+    ++g_starts;
+    if (ctx.config_value("test.start") == "fail") throw std::runtime_error("no model here");
+  });
+  return true;
+}();
+
+// How many times this worker's start ran before the task (1: once, before its first task).
+FERRY_TASK("starts",
+           [](TaskContext&, Tensors) { return Tensors{at::scalar_tensor(g_starts, at::kLong)}; });
+
 // A parallel sum of in[0] (an int64 scalar) twos, and the worker's intra-op threads: what a
 // forked worker would hang at if it inherited its parent's OpenMP team.
 Tensors parallel_sum(TaskContext&, Tensors in) {
