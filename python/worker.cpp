@@ -16,24 +16,26 @@ namespace ferry::python {
 void bind_worker(py::module_& m) {
   m.def(
       "serve_worker",
-      [](int control_fd, py::function handler) {
-        // Lives as long as the process: the registry keeps the task past the interpreter.
+      [](int control_fd, py::function start, py::function handler) {
+        // Live as long as the process: the registry keeps them past the interpreter.
+        auto* begin = new py::function(std::move(start));
         auto* fn = new py::function(std::move(handler));
         auto* config = new py::dict();  // the Hello's, the same for every task: made once
         auto* shared = new py::list();  // the storages of the pool's shared objects, in order
-        register_task(kPythonTask, [fn, config, shared](TaskContext& ctx, Tensors in) -> Tensors {
+        set_worker_start([begin, config, shared](TaskContext& ctx) {
           py::gil_scoped_acquire gil;
-          if (config->empty()) {
-            for (const auto& [k, v] : *ctx.config) (*config)[py::str(k)] = v;
-            for (const auto& [k, t] : *ctx.shared) {
-              if (k.rfind(kSharedPrefix, 0) == 0) shared->append(t);
-            }
+          for (const auto& [k, v] : *ctx.config) (*config)[py::str(k)] = v;
+          for (const auto& [k, t] : *ctx.shared) {
+            if (k.rfind(kSharedPrefix, 0) == 0) shared->append(t);
           }
+          (*begin)(ctx.worker_id, ctx.device.str(), *config, *shared);
+        });
+        register_task(kPythonTask, [fn](TaskContext&, Tensors in) -> Tensors {
+          py::gil_scoped_acquire gil;
           py::tuple message = unpack_message(std::move(in));
           // (True, payload, bases), or (False, the error with the worker's traceback, the
           // pickled exception or b"")
-          py::tuple r =
-              (*fn)(ctx.worker_id, ctx.device.str(), *config, *shared, message[0], message[1]);
+          py::tuple r = (*fn)(message[0], message[1]);
           if (!r[0].cast<bool>()) {
             throw TaskFailure(r[1].cast<std::string>(), r[2].cast<std::string>());
           }
@@ -42,8 +44,9 @@ void bind_worker(py::module_& m) {
         py::gil_scoped_release unlocked;
         return run_worker(control_fd);
       },
-      py::arg("control_fd"), py::arg("handler"),
-      "serves a supervisor's tasks on the inherited control socket; returns the exit code");
+      py::arg("control_fd"), py::arg("start"), py::arg("handler"),
+      "serves a supervisor's tasks on the inherited control socket, start(worker_id, device, "
+      "config, shared) once first, handler(payload, bases) per task; returns the exit code");
 }
 
 }  // namespace ferry::python

@@ -190,25 +190,25 @@ class _Stream:
             self._held[i] = held
         return message
 
+    def _attempt(self, seconds):
+        try:
+            got = self._results.next(seconds)
+        except (_C.TaskError, _C.ShutDown) as e:
+            index = getattr(e, "index", None)
+            if index is None:
+                raise  # about the stream, not one of its tasks (the pool closed)
+            return True, (index, _errors.raised(e, self._name))
+        if got is False:
+            return False, None
+        if got is None:
+            return True, None
+        index, (payload, bases) = got
+        return True, (index, _pickle.loads(payload, bases))
+
     def next(self, timeout=None):
         """(index, values) or (index, exception) of a finished chunk; None after the last; False
         when `timeout` seconds passed first."""
-        def attempt(t):
-            try:
-                got = self._results.next(t)
-            except (_C.TaskError, _C.ShutDown) as e:
-                index = getattr(e, "index", None)
-                if index is None:
-                    raise  # about the stream, not one of its tasks (the pool closed)
-                return True, (index, _errors.raised(e, self._name))
-            if got is False:
-                return False, None
-            if got is None:
-                return True, None
-            index, (payload, bases) = got
-            return True, (index, _pickle.loads(payload, bases))
-
-        done, got = _waiting.wait(attempt, timeout)
+        done, got = _waiting.wait(self._attempt, timeout)
         if not done:
             return False
         if got is None:

@@ -1,7 +1,9 @@
 """The Python side of a pool worker: a process the C++ supervisor spawned, serving its tasks.
 
-The handshake, the task loop, restarts and results are the C++ worker's (ferry._C.serve_worker);
-each task message is a pickled call (function, argument list, star) that run() carries out.
+The handshake, the task loop, restarts and results are the C++ worker's (ferry._C.serve_worker).
+start() runs once, as the worker starts (the pool's shared objects, its initializer), as
+multiprocessing.Pool runs its initializer; each task message is a pickled call (function,
+argument list, star) that run() carries out.
 """
 
 import base64
@@ -22,7 +24,7 @@ WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
 
 _info = None
 _init_error = None
-_shared = {}  # the pool's shared objects, rebuilt on its memory at the first task
+_shared = {}  # the pool's shared objects, rebuilt on its memory as the worker starts
 _functions = collections.OrderedDict()  # pickled function -> function, the last few used
 _FUNCTIONS_KEPT = 32
 
@@ -37,9 +39,10 @@ def shared_objects():
     return _shared
 
 
-def _start(worker_id, device, config, shared):
-    """Once per process, before its first task: sys.path, device, the pool's shared objects
-    (on the storages the supervisor sent ahead of every start), the pool's initializer."""
+def start(worker_id, device, config, shared):
+    """Once per process, as it starts, before its first task: sys.path, device, the pool's
+    shared objects (on the storages the supervisor sent ahead of every start), the pool's
+    initializer. What fails fails each task, saying so."""
     global _info, _init_error, _shared
 
     for p in reversed(json.loads(config.get("python.path", "[]"))):
@@ -86,11 +89,9 @@ def _function(blob):
     return fn
 
 
-def run(worker_id, device, config, shared, payload, bases):
+def run(payload, bases):
     """(True, payload, bases) of the result, or (False, the error's words with the worker's
     traceback, the exception pickled or b"")."""
-    if _info is None:
-        _start(worker_id, device, config, shared)
     if _init_error is not None:
         return False, _init_error[0], _init_error[1]
     try:
@@ -112,4 +113,4 @@ def main(argv):
         return 2
     from . import _C
 
-    return _C.serve_worker(int(argv[1]), run)
+    return _C.serve_worker(int(argv[1]), start, run)

@@ -106,6 +106,9 @@ def test_an_initializer_and_the_tasks_share_the_scripts_globals(tmp_path):
         def read(_):
             return counter
 
+        def mark(folder):
+            open(os.path.join(folder, str(os.getpid())), "w").close()
+
         if __name__ == "__main__":
             ctx = mp.get_context("spawn")
             with ctx.Pool(2, initializer=load, initargs=("weights",)) as p:
@@ -113,9 +116,18 @@ def test_an_initializer_and_the_tasks_share_the_scripts_globals(tmp_path):
             with ctx.Pool(1) as p:  # one worker: what one task set, the next reads
                 p.map(bump, range(3), chunksize=1)
                 print(p.map(read, range(2), chunksize=1))
+            # The initializer runs as each worker starts, whether it gets a task or not.
+            marks = f"marks-{IMPL}"
+            os.mkdir(marks)
+            p = ctx.Pool(3, initializer=mark, initargs=(marks,))
+            p.map(abs, [1])
+            p.close()
+            p.join()
+            print(len(os.listdir(marks)))
         """, """\
         [(0, 'weights'), (1, 'weights'), (2, 'weights')]
         [3, 3]
+        3
         """)
 
 
