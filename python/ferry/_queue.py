@@ -223,15 +223,15 @@ class _Bell:
     """A pipe that holds one byte per message of a SimpleQueue, so that a process can wait for
     it with select() among other fds (multiprocessing.connection.wait), as multiprocessing.Pool
     and concurrent.futures wait for a SimpleQueue's _reader. A put rings after its message is
-    queued; a get takes one byte after its message (waiting a moment for a put that is ringing),
-    so the pipe is readable only while a message is there. A writer killed between the two
-    leaves a message without its byte: the next get still finds it, a select only sees the next
-    ring; its byte is owed and the next get takes it."""
+    queued; a get takes one byte after its message, waiting for a ring that is on its way, so
+    the pipe is readable only while a message is there. A writer killed between its put and its
+    ring leaves a message that never rings: the next get still takes it; a select sees only the
+    next ring (concurrent.futures notices the death by the worker's sentinel anyway)."""
+
+    RING_WAIT = 5.0  # seconds a get waits for the ring of a message it took: a put's next step
 
     def __init__(self, fds=None):
         self.r, self.w = fds if fds is not None else os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self.owed = 0
-        self._lock = threading.Lock()
 
     def ring(self):
         try:
@@ -240,22 +240,18 @@ class _Bell:
             pass  # a full pipe is readable already
 
     def answer(self):
-        with self._lock:
-            self.owed += 1
-            self._take(wait=0.2)
+        if self._take_one() or (select.select([self.r], [], [], self.RING_WAIT)[0] and
+                                self._take_one()):
+            return
+        # Its writer died between the put and the ring: that message never rang.
 
-    def _take(self, wait=0.0):
-        while self.owed:
-            try:
-                self.owed -= len(os.read(self.r, self.owed))
-            except BlockingIOError:
-                if not wait or not select.select([self.r], [], [], wait)[0]:
-                    return
-                wait = 0.0
+    def _take_one(self):
+        try:
+            return len(os.read(self.r, 1)) == 1
+        except BlockingIOError:
+            return False
 
     def readable(self, timeout):
-        with self._lock:
-            self._take()
         return bool(select.select([self.r], [], [], timeout)[0])
 
     def close(self):

@@ -220,6 +220,54 @@ def test_simple_queue():
     assert torch.equal(q.get()["t"], torch.ones(2))
 
 
+def _put_later(q, delay, obj):
+    time.sleep(delay)
+    q.put(obj)
+
+
+def test_a_simple_queue_reader_is_waited_for_among_other_fds():
+    """multiprocessing.Pool and concurrent.futures wait on a SimpleQueue's _reader with
+    multiprocessing.connection.wait: readable exactly while a message is queued."""
+    from multiprocessing.connection import wait
+
+    q = ferry.SimpleQueue()
+    r = q._reader
+    assert not r.poll() and wait([r], timeout=0.05) == []
+    p = mp.get_context("spawn").Process(target=_put_later, args=(q, 0.3, {"t": torch.ones(3)}))
+    p.start()
+    assert wait([r, p.sentinel], timeout=60) == [r]
+    assert r.poll()
+    assert torch.equal(r.recv()["t"], torch.ones(3))
+    assert not r.poll() and wait([r], timeout=0.05) == []  # its byte went with it
+    for i in range(3):
+        q._writer.send(i)
+    assert [r.recv() for _ in range(3)] == [0, 1, 2] and not r.poll()
+    p.join(30)
+
+
+def test_a_joinable_queue_joins_once_every_object_is_done():
+    q = ferry.JoinableQueue()
+    for i in range(3):
+        q.put(i)
+    with pytest.raises(ValueError, match="too many"):
+        ferry.JoinableQueue().task_done()
+    done = ferry.Value("i", 0)
+    p = mp.get_context("spawn").Process(target=_drain_joinable, args=(q, done))
+    p.start()
+    q.join()  # returns once the child marked all three done, not before
+    assert done.value == 3
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def _drain_joinable(q, done):
+    for _ in range(3):
+        q.get(timeout=30)
+        time.sleep(0.05)
+        done.value += 1
+        q.task_done()
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_producer_may_exit_right_after_put(method):
     # torch.multiprocessing loses these: the producer's file descriptors die with it.
