@@ -117,6 +117,15 @@ TransportStats transport_stats() noexcept {
   s.cuda_events_recorded = ld(c.cuda_events_recorded);
   s.cuda_event_pool_syncs = ld(c.cuda_event_pool_syncs);
   s.cuda_peer_deaths = ld(c.cuda_peer_deaths);
+  s.cuda_idle_sends = ld(c.cuda_idle_sends);
+  s.cuda_memop_writes = ld(c.cuda_memop_writes);
+  for (int i = 0; i < kSyncFallbacks; ++i) s.cuda_sync_fallbacks[i] = ld(c.cuda_sync_fallbacks[i]);
+  s.cuda_memop_waits = ld(c.cuda_memop_waits);
+  s.cuda_flag_buffers_opened = ld(c.cuda_flag_buffers_opened);
+  s.cuda_waits_released = ld(c.cuda_waits_released);
+  s.cuda_releases_now = ld(c.cuda_releases_now);
+  s.cuda_releases_after_event = ld(c.cuda_releases_after_event);
+  s.cuda_releases_after_device = ld(c.cuda_releases_after_device);
   return s;
 }
 

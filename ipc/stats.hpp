@@ -29,6 +29,10 @@ enum class CopyReason : std::uint8_t {
 };
 const char* copy_reason_name(CopyReason r) noexcept;
 
+// Ways a CUDA send did not order its receiver as its mode asked (ipc/cuda/sync_policy.hpp's
+// SyncFallback, in its order: capturing, no_memops, flag_slots_full, event_pool_full).
+inline constexpr int kSyncFallbacks = 4;
+
 struct TransportStats {
   std::uint64_t messages_sent = 0, messages_received = 0;
   // Tensors sent, CPU and CUDA: shared in place, or copied (and why), or carried inside their
@@ -56,9 +60,24 @@ struct TransportStats {
   std::uint64_t cuda_handle_cache_hits = 0;  // received tensors that reused an open block
   std::uint64_t cuda_handles_closed = 0;
   std::uint64_t cuda_stale_entries = 0;  // import-cache entries dropped for address reuse
+  // How CUDA sends ordered their receivers (ipc/cuda/sync_policy.hpp): nothing to wait for (the
+  // stream was idle), a timeline write, an interprocess event recorded, the stream synchronised
+  // (FERRY_CUDA_SYNC=stream, or no event free); and the sends that could not take their mode's
+  // way, by why (kSyncFallbacks).
+  std::uint64_t cuda_idle_sends = 0;
+  std::uint64_t cuda_memop_writes = 0;
   std::uint64_t cuda_events_recorded = 0;
-  std::uint64_t cuda_event_pool_syncs = 0;  // sends that synchronised their stream: pool empty
-  std::uint64_t cuda_peer_deaths = 0;       // senders that died while this process held views
+  std::uint64_t cuda_event_pool_syncs = 0;
+  std::uint64_t cuda_sync_fallbacks[kSyncFallbacks] = {};
+  // Receivers: timeline waits queued, flag buffers opened (once per sender and device), waits a
+  // dead sender left that the closer released; leases of dropped views released at once (idle
+  // stream), after an event, after the whole device (FERRY_CUDA_STRICT_RELEASE, or no event).
+  std::uint64_t cuda_memop_waits = 0;
+  std::uint64_t cuda_flag_buffers_opened = 0;
+  std::uint64_t cuda_waits_released = 0;
+  std::uint64_t cuda_releases_now = 0, cuda_releases_after_event = 0;
+  std::uint64_t cuda_releases_after_device = 0;
+  std::uint64_t cuda_peer_deaths = 0;  // senders that died while this process held views
 };
 
 // How one tensor of a sent message travelled.
@@ -105,6 +124,12 @@ struct StatCounters {
   std::atomic<std::uint64_t> cuda_handle_cache_hits{0}, cuda_handles_closed{0};
   std::atomic<std::uint64_t> cuda_stale_entries{0}, cuda_events_recorded{0};
   std::atomic<std::uint64_t> cuda_event_pool_syncs{0}, cuda_peer_deaths{0};
+  std::atomic<std::uint64_t> cuda_idle_sends{0}, cuda_memop_writes{0};
+  std::atomic<std::uint64_t> cuda_sync_fallbacks[kSyncFallbacks]{};
+  std::atomic<std::uint64_t> cuda_memop_waits{0}, cuda_flag_buffers_opened{0};
+  std::atomic<std::uint64_t> cuda_waits_released{0};
+  std::atomic<std::uint64_t> cuda_releases_now{0}, cuda_releases_after_event{0};
+  std::atomic<std::uint64_t> cuda_releases_after_device{0};
 };
 StatCounters& counters() noexcept;
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {

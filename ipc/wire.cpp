@@ -54,9 +54,38 @@ bool all_zero(const std::uint8_t* p, std::size_t n) {
 // per tensor, as for unused dims.
 bool cuda_section_zero(const Record& r) {
   return all_zero(r.mem_handle, sizeof r.mem_handle) && r.cuda_base == 0 && r.cuda_buffer_id == 0 &&
-         all_zero(r.event_handle, sizeof r.event_handle) && r.event_slot == 0 &&
-         r.event_reserved == 0 && r.owner_pid_ns == 0 &&
-         all_zero(r.owner_boot_id, sizeof r.owner_boot_id);
+         all_zero(r.event_handle, sizeof r.event_handle) && r.event_slot == 0 && r.sync == 0 &&
+         all_zero(r.sync_reserved, sizeof r.sync_reserved) && r.flag_value == 0 &&
+         r.owner_pid_ns == 0 && all_zero(r.owner_boot_id, sizeof r.owner_boot_id);
+}
+
+// A CUDA record's ordering: each kind names exactly what its receiver uses, and nothing else.
+std::string validate_sync(const Record& r) {
+  const bool handle = !all_zero(r.event_handle, sizeof r.event_handle);
+  switch (r.sync) {
+    case kSyncNone:
+    case kSyncSynced:
+      if (r.event_slot != kNoEvent || handle || r.flag_value != 0) {
+        return "sync " + u64(r.sync) +
+               " (nothing to wait on) with an event slot, handle or flag value (expected "
+               "kNoEvent, 0, 0)";
+      }
+      return "";
+    case kSyncEvent:
+      if (r.event_slot == kNoEvent) return "sync event without an event slot";
+      if (r.flag_value != 0) return "flag_value " + u64(r.flag_value) + " on a sync event record";
+      return "";
+    case kSyncMemop:
+      if (r.event_slot >= kFlagSlots) {
+        return "flag slot " + u64(r.event_slot) + " beyond the " + u64(kFlagSlots) +
+               " of a flag buffer";
+      }
+      if (r.flag_value == 0) return "flag_value 0 on a memop record (a flag starts at 0)";
+      if (!handle) return "a memop record without its flag buffer's handle";
+      return "";
+    default:
+      return "unknown sync " + u64(r.sync) + " (expected 0 none, 1 event, 2 memop, 3 synced)";
+  }
 }
 
 }  // namespace
@@ -272,7 +301,8 @@ std::string validate(const Record& r) {
         return "segment_seq " + u64(r.segment_seq) + " on a cuda record (expected 0)";
       }
       if (r.cuda_base == 0) return "cuda_base is 0 on a cuda record";
-      if (r.event_reserved != 0) return "event_reserved is " + u64(r.event_reserved);
+      if (!all_zero(r.sync_reserved, sizeof r.sync_reserved)) return "sync_reserved is not zero";
+      if (std::string e = validate_sync(r); !e.empty()) return e;
       break;
     default:
       return "unknown device_type " + u64(r.device_type) + " (expected 0 = cpu or 1 = cuda)";

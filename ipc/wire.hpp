@@ -13,7 +13,8 @@
 namespace ferry::wire {
 
 inline constexpr std::uint32_t kMagic = 0x59525246;  // "FRRY"
-inline constexpr std::uint16_t kVersion = 3;         // 2: the CUDA section; 3: bytes in the record
+// 2: the CUDA section; 3: bytes in the record; 4: how a CUDA receiver is ordered (sync, flag_value)
+inline constexpr std::uint16_t kVersion = 4;
 inline constexpr int kMaxDims = 12;
 
 // Stable dtype codes. Never renumber: they are on the wire.
@@ -60,9 +61,17 @@ inline constexpr std::uint32_t kFlagByFd = 1u << 3;
 // anyway, with no block, no segment and no lease (those fields are zero).
 inline constexpr std::uint32_t kFlagInline = 1u << 4;
 
-// event_slot of a CUDA record whose sender synchronised its stream instead of recording an
-// event (its event pool was exhausted).
+// How a CUDA record's receiver is ordered after its sender's last write (Record::sync; the
+// values are ipc/cuda/sync_policy.hpp's cuda::Sync):
+inline constexpr std::uint8_t kSyncNone = 0;    // the sender's stream was idle: nothing to wait for
+inline constexpr std::uint8_t kSyncEvent = 1;   // wait on the interprocess event in event_handle
+inline constexpr std::uint8_t kSyncMemop = 2;   // wait until flag slot event_slot >= flag_value
+inline constexpr std::uint8_t kSyncSynced = 3;  // the sender synchronised its stream
+// event_slot of a CUDA record that names neither an event nor a flag slot (sync none, synced).
 inline constexpr std::uint32_t kNoEvent = 0xffffffffu;
+// Slots of a sender's flag buffer (ipc/cuda/timeline.hpp's Timeline::kSlots): a memop record's
+// event_slot is below it.
+inline constexpr std::uint32_t kFlagSlots = 4096;
 // The segment number under which an owner publishes its CUDA lease ledger.
 inline constexpr std::uint32_t kCudaLedgerSeq = 0xfffffffeu;
 
@@ -99,12 +108,16 @@ struct Record {
   std::int64_t strides[kMaxDims];
 
   // CUDA section (device_type == cuda; all zero otherwise).
-  std::uint8_t mem_handle[64];    // cudaIpcMemHandle_t of the allocation
-  std::uint64_t cuda_base;        // the allocation's address in the owner
-  std::uint64_t cuda_buffer_id;   // the allocation's buffer id in the owner (never reused)
-  std::uint8_t event_handle[64];  // cudaIpcEventHandle_t to wait on before reading
-  std::uint32_t event_slot;       // the event's index in the owner's pool, or kNoEvent
-  std::uint32_t event_reserved;
+  std::uint8_t mem_handle[64];   // cudaIpcMemHandle_t of the allocation
+  std::uint64_t cuda_base;       // the allocation's address in the owner
+  std::uint64_t cuda_buffer_id;  // the allocation's buffer id in the owner (never reused)
+  // Sync event: the cudaIpcEventHandle_t to wait on; sync memop: the cudaIpcMemHandle_t of the
+  // owner's flag buffer on this device (exported once, opened once per receiver).
+  std::uint8_t event_handle[64];
+  std::uint32_t event_slot;  // the event's index in the owner's pool, the flag's slot, or kNoEvent
+  std::uint8_t sync;         // kSync*: how the receiver waits for the owner's last write
+  std::uint8_t sync_reserved[3];
+  std::uint64_t flag_value;        // sync memop: the flag holds at least this once it is written
   std::uint64_t owner_pid_ns;      // with owner_pid and owner_boot_id: the owner's identity
   std::uint8_t owner_boot_id[16];  // as the import cache keys it
 };

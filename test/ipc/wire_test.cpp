@@ -190,6 +190,7 @@ TEST_CASE("valid records of several shapes pass", "[wire]") {
     r.device_type = static_cast<std::uint8_t>(DeviceType::cuda);
     r.segment_seq = 0;  // a CUDA record names an allocation instead
     r.cuda_base = 0x7f0000000000;
+    r.event_slot = kNoEvent;  // sync none: its sender's stream was idle
     r.device_index = 3;
     CHECK(validate(r) == "");
     r.device_index = 0;
@@ -224,7 +225,7 @@ TEST_CASE("each kind of corruption is rejected with a message naming the field",
   }
   SECTION("version, saying which was expected") {
     r.version = 1;  // before the CUDA section
-    CHECK_THAT(validate(r), Contains("version 1") && Contains("supported version 3"));
+    CHECK_THAT(validate(r), Contains("version 1") && Contains("supported version 4"));
     r.version = 0;
     CHECK_THAT(validate(r), Contains("version 0"));
   }
@@ -328,7 +329,9 @@ TEST_CASE("cuda records: the CUDA section is checked, and must be zero elsewhere
   r.device_index = 0;
   r.cuda_base = 0x7f0000000000;
   r.cuda_buffer_id = 42;
+  r.sync = kSyncEvent;
   r.event_slot = 3;
+  r.event_handle[0] = 0x22;
   r.segment_seq = 0;
   REQUIRE(validate(r) == "");
 
@@ -345,8 +348,50 @@ TEST_CASE("cuda records: the CUDA section is checked, and must be zero elsewhere
     CHECK_THAT(validate(r), Contains("on a cuda record"));
   }
   SECTION("reserved bits") {
-    r.event_reserved = 1;
-    CHECK(validate(r) == "event_reserved is 1");
+    r.sync_reserved[1] = 1;
+    CHECK(validate(r) == "sync_reserved is not zero");
+  }
+  SECTION("each way of waiting names what its receiver uses, and nothing else") {
+    r.flag_value = 5;
+    CHECK_THAT(validate(r), Contains("flag_value 5 on a sync event record"));
+    r.flag_value = 0;
+    r.event_slot = kNoEvent;
+    CHECK(validate(r) == "sync event without an event slot");
+    for (std::uint8_t nothing : {kSyncNone, kSyncSynced}) {
+      r.sync = nothing;
+      r.event_slot = kNoEvent;
+      r.event_handle[0] = 0;
+      CHECK(validate(r) == "");
+      r.event_slot = 2;
+      CHECK_THAT(validate(r), Contains("nothing to wait on"));
+      r.event_slot = kNoEvent;
+      r.flag_value = 1;
+      CHECK_THAT(validate(r), Contains("nothing to wait on"));
+      r.flag_value = 0;
+    }
+    r.sync = kSyncMemop;
+    r.event_slot = 17;
+    r.flag_value = 9;
+    r.event_handle[0] = 0x33;  // the flag buffer's handle
+    CHECK(validate(r) == "");
+    r.event_slot = kFlagSlots;
+    CHECK_THAT(validate(r), Contains("beyond the 4096"));
+    r.event_slot = 17;
+    r.flag_value = 0;
+    CHECK_THAT(validate(r), Contains("flag_value 0 on a memop record"));
+    r.flag_value = 9;
+    r.event_handle[0] = 0;
+    CHECK(validate(r) == "a memop record without its flag buffer's handle");
+    r.sync = 4;
+    CHECK_THAT(validate(r), Contains("unknown sync 4"));
+  }
+  SECTION("a cpu record says nothing of how to wait") {
+    Record c = matrix();
+    c.sync = kSyncMemop;
+    CHECK(validate(c) == "CUDA section is not zero in a cpu record");
+    c.sync = 0;
+    c.flag_value = 1;
+    CHECK(validate(c) == "CUDA section is not zero in a cpu record");
   }
   SECTION("passed by fd: the segment number names a bundle, and no IPC handle is set") {
     r.flags = kFlagByFd;

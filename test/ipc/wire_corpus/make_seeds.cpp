@@ -4,9 +4,11 @@
 // than checked in so the seeds always match the current Record layout.
 //
 //   make_seeds OUT_DIR
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -70,9 +72,20 @@ int main(int argc, char** argv) {
   cuda.mem_handle[0] = 0x11;
   cuda.event_handle[0] = 0x22;
   cuda.event_slot = 5;
+  cuda.sync = kSyncEvent;
   cuda.owner_pid_ns = 4026531836;
   cuda.owner_boot_id[15] = 0x33;
   seeds.emplace_back("cuda", cuda);
+  Record memop = cuda;  // ordered by the owner's flag: slot 9 reaches 41 after the last write
+  memop.sync = kSyncMemop;
+  memop.event_slot = 9;
+  memop.flag_value = 41;
+  seeds.emplace_back("cuda_memop", memop);
+  Record idle = cuda;  // the owner's stream was idle: nothing to wait on
+  idle.sync = kSyncNone;
+  idle.event_slot = kNoEvent;
+  std::fill(std::begin(idle.event_handle), std::end(idle.event_handle), 0);
+  seeds.emplace_back("cuda_idle", idle);
   Record staged = view(DType::float32, {4}, {1}, 0, 0);
   staged.flags = kFlagCopied | kFlagToDevice;
   staged.device_index = 0;
