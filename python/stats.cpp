@@ -1,5 +1,6 @@
 #include "python/stats.hpp"
 
+#include "ipc/cuda/sync_policy.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 
@@ -13,6 +14,11 @@ py::dict transport_stats_dict() {
   py::dict reasons;
   for (int r = 0; r < static_cast<int>(CopyReason::count_); ++r) {
     reasons[copy_reason_name(static_cast<CopyReason>(r))] = s.copies_by_reason[r];
+  }
+  py::dict fallbacks;
+  for (int f = 0; f < kSyncFallbacks; ++f) {
+    fallbacks[cuda::sync_fallback_name(static_cast<cuda::SyncFallback>(f))] =
+        s.cuda_sync_fallbacks[f];
   }
   return py::dict(
       "messages_sent"_a = s.messages_sent, "messages_received"_a = s.messages_received,
@@ -33,7 +39,14 @@ py::dict transport_stats_dict() {
       "cuda_handles_closed"_a = s.cuda_handles_closed,
       "cuda_events_recorded"_a = s.cuda_events_recorded,
       "cuda_event_pool_syncs"_a = s.cuda_event_pool_syncs,
-      "cuda_peer_deaths"_a = s.cuda_peer_deaths, "copies_by_reason"_a = reasons);
+      "cuda_peer_deaths"_a = s.cuda_peer_deaths, "cuda_idle_sends"_a = s.cuda_idle_sends,
+      "cuda_memop_writes"_a = s.cuda_memop_writes, "cuda_sync_fallbacks"_a = fallbacks,
+      "cuda_memop_waits"_a = s.cuda_memop_waits,
+      "cuda_flag_buffers_opened"_a = s.cuda_flag_buffers_opened,
+      "cuda_waits_released"_a = s.cuda_waits_released, "cuda_releases_now"_a = s.cuda_releases_now,
+      "cuda_releases_after_event"_a = s.cuda_releases_after_event,
+      "cuda_releases_after_device"_a = s.cuda_releases_after_device,
+      "copies_by_reason"_a = reasons);
 }
 
 py::dict arena_stats_dict() {

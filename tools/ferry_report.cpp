@@ -41,8 +41,11 @@ json cuda_summary() {
           {"handles_exported", t.cuda_handles_exported},
           {"handles_opened", t.cuda_handles_opened},
           {"handle_cache_hits", t.cuda_handle_cache_hits},
+          {"idle_sends", t.cuda_idle_sends},
+          {"memop_writes", t.cuda_memop_writes},
           {"events_recorded", t.cuda_events_recorded},
           {"event_pool_syncs", t.cuda_event_pool_syncs},
+          {"memop_waits", t.cuda_memop_waits},
           {"copies_by_reason", reasons},
           // Why this process called into CUDA, if it did: a supervisor that did cannot fork.
           {"ferry_entered",

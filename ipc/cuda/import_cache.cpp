@@ -85,8 +85,8 @@ void ImportCache::open_failed(EntryId id) {
   }
 }
 
-bool ImportCache::drop_view(EntryId id, LeaseRef lease, Clock::time_point now) {
-  release_.push_back(std::move(lease));
+bool ImportCache::drop_view(EntryId id, std::optional<LeaseRef> lease, Clock::time_point now) {
+  if (lease) release_.push_back(std::move(*lease));
   Entry* e = find(id);
   if (e == nullptr || e->views == 0) return false;
   if (--e->views > 0) return false;

@@ -11,8 +11,10 @@
 //   IDLE --take_work, linger passed--> CLOSING --closed--> (none)
 //   OPENING --open_failed--> (none)
 //
-// A view's lease is not released when the view dies but handed to the closer, which waits for
-// the device to finish with it first: the sender may reuse the memory the moment the lease ends.
+// A view's lease ends once the device is done with the view (release_policy.hpp: the dropping
+// thread releases it at once when the view's stream is idle, or hands it to the closer with an
+// event to poll); the rest are handed to the cache here, for the closer to release after it has
+// waited for the device: the sender may reuse the memory the moment the lease ends.
 // The mapping itself outlives its last view by a short linger, so a stream of tensors from one
 // allocation (a caching allocator's segment) pays for one open, not one per tensor; it holds no
 // lease, so the sender's memory is not kept by it.
@@ -79,8 +81,9 @@ class ImportCache {
 
   using Clock = std::chrono::steady_clock;
 
-  // The view's storage died: its lease goes to the closer. True when the entry became IDLE.
-  bool drop_view(EntryId id, LeaseRef lease, Clock::time_point now);
+  // The view's storage died: its lease, where given, goes to the closer (which waits for the
+  // device first). True when the entry became IDLE.
+  bool drop_view(EntryId id, std::optional<LeaseRef> lease, Clock::time_point now);
 
   // A lease held for something other than a view of a cached block (a copy this process sent
   // itself): the closer releases it with the next batch.

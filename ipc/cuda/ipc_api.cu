@@ -1,8 +1,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <time.h>
+
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "ipc/cuda/driver.hpp"
 #include "ipc/cuda/gate.hpp"
@@ -22,6 +25,32 @@ PointerGetAttributesFn pointer_get_attributes() {
   static const auto fn =
       reinterpret_cast<PointerGetAttributesFn>(driver::entry("cuPointerGetAttributes"));
   return fn;
+}
+
+// The driver calls of the timeline counter, looked up once (null where the driver lacks them).
+using StreamWriteValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+using StreamWaitValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+using StreamGetIdFn = CUresult (*)(CUstream, unsigned long long*);
+using DeviceGetAttributeFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+
+struct MemopCalls {
+  StreamWriteValue64Fn write = nullptr;
+  StreamWaitValue64Fn wait = nullptr;
+  StreamGetIdFn id = nullptr;
+  DeviceGetAttributeFn attribute = nullptr;
+};
+const MemopCalls& memop_calls() {
+  static const MemopCalls calls{
+      reinterpret_cast<StreamWriteValue64Fn>(driver::entry("cuStreamWriteValue64")),
+      reinterpret_cast<StreamWaitValue64Fn>(driver::entry("cuStreamWaitValue64")),
+      reinterpret_cast<StreamGetIdFn>(driver::entry("cuStreamGetId")),
+      reinterpret_cast<DeviceGetAttributeFn>(driver::entry("cuDeviceGetAttribute"))};
+  return calls;
+}
+
+Status missing(const char* call) {
+  return {static_cast<int>(cudaErrorNotSupported),
+          std::string(call) + ": this driver has no such entry point"};
 }
 
 }  // namespace
@@ -237,6 +266,177 @@ Status synchronize_device(int device) noexcept {
     return fail("cudaDeviceSynchronize",
                 timed("cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); }));
   });
+}
+
+Status stream_capturing(void* stream, bool* capturing) noexcept {
+  enter("cudaStreamIsCapturing");
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = timed("cudaStreamIsCapturing", [&] {
+    return cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+  });
+  *capturing = e == cudaSuccess && st != cudaStreamCaptureStatusNone;
+  return fail("cudaStreamIsCapturing", e);
+}
+
+Status stream_idle(void* stream, bool* idle) noexcept {
+  enter("cudaStreamQuery");
+  cudaError_t e =
+      timed("cudaStreamQuery", [&] { return cudaStreamQuery(static_cast<cudaStream_t>(stream)); });
+  *idle = e == cudaSuccess;
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: work is pending
+    return {};
+  }
+  return fail("cudaStreamQuery", e);
+}
+
+Status stream_id(void* stream, std::uint64_t* id) noexcept {
+  enter("cuStreamGetId");
+  *id = 0;
+  if (memop_calls().id == nullptr) return missing("cuStreamGetId");
+  unsigned long long v = 0;
+  CUresult r =
+      timed("cuStreamGetId", [&] { return memop_calls().id(static_cast<CUstream>(stream), &v); });
+  if (r != CUDA_SUCCESS) return driver::fail("cuStreamGetId", r);
+  *id = v;
+  return {};
+}
+
+Status create_stream(int device, void** stream) noexcept {
+  enter("cudaStreamCreateWithFlags");
+  return on_device(device, [&] {
+    cudaStream_t s = nullptr;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e == cudaSuccess) *stream = s;
+    return fail("cudaStreamCreateWithFlags", e);
+  });
+}
+
+Status stream_write_value(void* stream, void* addr, std::uint64_t value) noexcept {
+  enter("cuStreamWriteValue64");
+  if (memop_calls().write == nullptr) return missing("cuStreamWriteValue64");
+  // The default flags fence the stream's earlier writes before this one, so a receiver that sees
+  // the value sees what came before it.
+  return driver::fail("cuStreamWriteValue64", timed("cuStreamWriteValue64", [&] {
+                        return memop_calls().write(static_cast<CUstream>(stream),
+                                                   reinterpret_cast<CUdeviceptr>(addr), value,
+                                                   CU_STREAM_WRITE_VALUE_DEFAULT);
+                      }));
+}
+
+Status stream_wait_value(void* stream, const void* addr, std::uint64_t value) noexcept {
+  enter("cuStreamWaitValue64");
+  if (memop_calls().wait == nullptr) return missing("cuStreamWaitValue64");
+  return driver::fail("cuStreamWaitValue64", timed("cuStreamWaitValue64", [&] {
+                        return memop_calls().wait(static_cast<CUstream>(stream),
+                                                  reinterpret_cast<CUdeviceptr>(addr), value,
+                                                  CU_STREAM_WAIT_VALUE_GEQ);
+                      }));
+}
+
+Status probe_memops(int device, int timeout_ms, bool* ok, std::string* why) noexcept {
+  enter("a probe of stream memory operations");
+  *ok = false;
+  const MemopCalls& calls = memop_calls();
+  if (calls.write == nullptr || calls.wait == nullptr || calls.id == nullptr) {
+    *why = "the driver lacks cuStreamWriteValue64, cuStreamWaitValue64 or cuStreamGetId";
+    return {};
+  }
+  int attribute = 0;
+  if (calls.attribute != nullptr) {
+    (void)calls.attribute(&attribute, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device);
+  }
+  return on_device(device, [&] {
+    void* word = nullptr;
+    cudaStream_t s = nullptr;
+    if (cudaError_t e = cudaMalloc(&word, sizeof(std::uint64_t)); e != cudaSuccess) {
+      *why = "cudaMalloc of the probe's word failed";
+      return fail("cudaMalloc", e);
+    }
+    (void)cudaMemset(word, 0, sizeof(std::uint64_t));
+    if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
+      (void)cudaFree(word);
+      *why = "cudaStreamCreateWithFlags failed";
+      return fail("cudaStreamCreateWithFlags", e);
+    }
+    const CUresult w = calls.write(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(word), 7,
+                                   CU_STREAM_WRITE_VALUE_DEFAULT);
+    const CUresult v = w == CUDA_SUCCESS ? calls.wait(static_cast<CUstream>(s),
+                                                      reinterpret_cast<CUdeviceptr>(word), 7,
+                                                      CU_STREAM_WAIT_VALUE_GEQ)
+                                         : w;
+    if (v != CUDA_SUCCESS) {
+      *why = "a 64-bit write and wait were refused (CUresult " + std::to_string(int(v)) +
+             "; attribute " + std::to_string(attribute) + ")";
+      (void)cudaStreamSynchronize(s);
+      (void)cudaStreamDestroy(s);
+      (void)cudaFree(word);
+      (void)cudaGetLastError();
+      return Status{};
+    }
+    // Polled, not synchronised: a wait that never ends must not hang the caller.
+    cudaError_t q = cudaErrorNotReady;
+    for (int waited = 0; waited <= timeout_ms; ++waited) {
+      q = cudaStreamQuery(s);
+      if (q != cudaErrorNotReady) break;
+      struct timespec ms {
+        0, 1000000
+      };
+      nanosleep(&ms, nullptr);
+    }
+    std::uint64_t seen = 0;
+    if (q == cudaSuccess) (void)cudaMemcpy(&seen, word, sizeof seen, cudaMemcpyDeviceToHost);
+    if (q == cudaErrorNotReady) {
+      // Its stream waits for ever: both are left to the process's end.
+      *why = "a 64-bit write then a wait for it did not complete within " +
+             std::to_string(timeout_ms) + " ms (attribute " + std::to_string(attribute) + ")";
+      (void)cudaGetLastError();
+      return Status{};
+    }
+    (void)cudaStreamDestroy(s);
+    (void)cudaFree(word);
+    (void)cudaGetLastError();
+    if (q != cudaSuccess || seen != 7) {
+      *why = std::string("the probe's write was not seen (") + cudaGetErrorName(q) + ")";
+      return Status{};
+    }
+    *ok = true;
+    *why = attribute ? "" : "the attribute says no, but a real write and wait work";
+    return Status{};
+  });
+}
+
+Status alloc_device(int device, std::size_t bytes, void** out) noexcept {
+  enter("cudaMalloc");
+  return on_device(device, [&] {
+    if (cudaError_t e = cudaMalloc(out, bytes); e != cudaSuccess) return fail("cudaMalloc", e);
+    if (cudaError_t e = cudaMemset(*out, 0, bytes); e != cudaSuccess) {
+      (void)cudaFree(*out);
+      return fail("cudaMemset", e);
+    }
+    return fail("cudaDeviceSynchronize", cudaDeviceSynchronize());  // zeroed before any export
+  });
+}
+
+Status create_plain_event(int device, void** event) noexcept {
+  enter("cudaEventCreateWithFlags");
+  return on_device(device, [&] {
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) *event = ev;
+    return fail("cudaEventCreateWithFlags", e);
+  });
+}
+
+Status event_done(void* event, bool* done) noexcept {
+  enter("cudaEventQuery");
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  *done = e == cudaSuccess;
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return fail("cudaEventQuery", e);
 }
 
 Status create_timing_event(int device, void** event) noexcept {

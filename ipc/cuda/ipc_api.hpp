@@ -68,6 +68,36 @@ Status stream_synchronize(void* stream) noexcept;
 // Waits for all work this process queued on `device`.
 Status synchronize_device(int device) noexcept;
 
+// What a sender asks of its current stream before a send (sync_policy.hpp): whether it is being
+// captured into a graph (then it may not be queried), whether it has work pending, and its id,
+// unique for the process's life (cuStreamGetId: a stream made at a destroyed one's address gets
+// another).
+Status stream_capturing(void* stream, bool* capturing) noexcept;
+Status stream_idle(void* stream, bool* idle) noexcept;
+Status stream_id(void* stream, std::uint64_t* id) noexcept;
+// A stream of this process's own on `device`, which does not wait for the legacy default stream
+// (cudaStreamNonBlocking): the closer's, for its writes.
+Status create_stream(int device, void** stream) noexcept;
+
+// Stream memory operations, the timeline counter's (timeline.hpp): a 64-bit write into device
+// memory after the stream's earlier work, fenced so that work's writes are seen first; a wait
+// that holds the stream's later work until the word is at least `value` (compared as a signed
+// difference, so kReleaseValue ends any wait).
+Status stream_write_value(void* stream, void* addr, std::uint64_t value) noexcept;
+Status stream_wait_value(void* stream, const void* addr, std::uint64_t value) noexcept;
+// Whether `device` takes 64-bit stream memory operations: its attribute, then a real write and a
+// wait on a stream of its own, within `timeout_ms` (the attribute alone can be wrong either way).
+// *why says what failed.
+Status probe_memops(int device, int timeout_ms, bool* ok, std::string* why) noexcept;
+// `bytes` of zeroed device memory from cudaMalloc itself, not a caching allocator: a flag buffer
+// lives as long as its process, and is exported by handle.
+Status alloc_device(int device, std::size_t bytes, void** out) noexcept;
+
+// Plain events (cudaEventDisableTiming), which the closer records where a view is dropped and
+// polls: whether the work before it has completed.
+Status create_plain_event(int device, void** event) noexcept;
+Status event_done(void* event, bool* done) noexcept;
+
 // Timing events (no interprocess flag), for the benchmarks: the device's own clock, on a stream.
 Status create_timing_event(int device, void** event) noexcept;
 Status event_synchronize(void* event) noexcept;

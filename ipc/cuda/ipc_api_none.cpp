@@ -58,6 +58,42 @@ Status stream_synchronize(void*) noexcept {
 Status synchronize_device(int) noexcept {
   return unbuilt();
 }
+Status stream_capturing(void*, bool* capturing) noexcept {
+  *capturing = false;
+  return unbuilt();
+}
+Status stream_idle(void*, bool* idle) noexcept {
+  *idle = false;
+  return unbuilt();
+}
+Status stream_id(void*, std::uint64_t* id) noexcept {
+  *id = 0;
+  return unbuilt();
+}
+Status create_stream(int, void**) noexcept {
+  return unbuilt();
+}
+Status stream_write_value(void*, void*, std::uint64_t) noexcept {
+  return unbuilt();
+}
+Status stream_wait_value(void*, const void*, std::uint64_t) noexcept {
+  return unbuilt();
+}
+Status probe_memops(int, int, bool* ok, std::string* why) noexcept {
+  *ok = false;
+  *why = unbuilt().error;
+  return unbuilt();
+}
+Status alloc_device(int, std::size_t, void**) noexcept {
+  return unbuilt();
+}
+Status create_plain_event(int, void**) noexcept {
+  return unbuilt();
+}
+Status event_done(void*, bool* done) noexcept {
+  *done = false;
+  return unbuilt();
+}
 Status create_timing_event(int, void**) noexcept {
   return unbuilt();
 }

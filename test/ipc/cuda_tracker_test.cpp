@@ -181,6 +181,19 @@ TEST_CASE("import cache: an idle block is revived by a new tensor before the clo
   CHECK(w.release.size() == 1);  // but the dead view's lease still ends
 }
 
+TEST_CASE("import cache: a view whose lease ended at its drop leaves the closer no lease",
+          "[cuda]") {
+  ImportCache c;
+  auto a = c.acquire(key(0x1000, 7));
+  c.opened(a.id, 0, fake_mapping(0xa000));
+  auto b = c.acquire(key(0x1000, 7));
+  CHECK_FALSE(c.drop_view(b.id, std::nullopt, now));  // released at once (an idle stream)
+  CHECK(c.drop_view(a.id, lease(1), now));            // this one waits for the device
+  ImportCache::Work w = c.take_work(now, 0s);
+  CHECK(w.release.size() == 1);
+  CHECK(w.close.size() == 1);  // both views counted: the mapping closes all the same
+}
+
 TEST_CASE("import cache: a mapping with no views lingers for the next tensor, then closes",
           "[cuda]") {
   ImportCache c;

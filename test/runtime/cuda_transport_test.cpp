@@ -20,6 +20,7 @@
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/cuda/gate.hpp"
 #include "ipc/cuda/ipc_api.hpp"
+#include "ipc/cuda/sync_policy.hpp"
 #include "ipc/diag/shm_check.hpp"
 #include "ipc/process.hpp"
 #include "ipc/stats.hpp"
@@ -119,10 +120,56 @@ TEST_CASE("a kernel's result is sent with no host sync and read correctly", "[gp
   });
   at::Tensor x = at::zeros({kFloats}, kCuda);
   for (int i = 0; i < kPasses; ++i) x.add_(1);
-  const auto syncs = transport_stats().cuda_event_pool_syncs;
-  q.send({x}, 60s);  // records an event; does not wait for the kernels
-  CHECK(transport_stats().cuda_events_recorded >= 1);
-  CHECK(transport_stats().cuda_event_pool_syncs == syncs);
+  const TransportStats before = transport_stats();
+  q.send({x}, 60s);  // orders the receiver; does not wait for the kernels
+  const TransportStats after = transport_stats();
+  const char* mode = std::getenv("FERRY_CUDA_SYNC");
+  if (mode != nullptr && std::string(mode) == "stream") {
+    CHECK(after.cuda_event_pool_syncs == before.cuda_event_pool_syncs + 1);
+  } else {
+    // The stream was busy (40 passes over 256 MiB): a timeline write or an event, no host sync.
+    CHECK(after.cuda_event_pool_syncs == before.cuda_event_pool_syncs);
+    CHECK(after.cuda_memop_writes + after.cuda_events_recorded ==
+          before.cuda_memop_writes + before.cuda_events_recorded + 1);
+    if (mode != nullptr && std::string(mode) == "event") {
+      CHECK(after.cuda_events_recorded == before.cuda_events_recorded + 1);
+    }
+  }
+  REQUIRE(test::wait_child(child) == 0);
+}
+
+TEST_CASE("an idle stream's send orders nothing, a busy one's a timeline write (auto)", "[gpu]") {
+  REQUIRE_GPU();
+  const char* mode = std::getenv("FERRY_CUDA_SYNC");
+  if (mode != nullptr && std::string(mode) != "auto") {
+    SUCCEED("FERRY_CUDA_SYNC=" << mode << " forces one way: the test of auto does not apply");
+    return;
+  }
+  auto q = TensorQueue::create({8});
+  const pid_t child = test::fork_child([&] {
+    for (float want : {3.0f, 41.0f}) {
+      at::Tensor y = q.recv(60s)[0];
+      expect(y.min().item<float>() == want && y.max().item<float>() == want,
+             "received " + std::to_string(y.min().item<float>()));
+    }
+  });
+  at::Tensor idle = at::full({1 << 20}, 3.0f, kCuda);
+  REQUIRE(cuda::synchronize_device(0).ok());  // nothing pending on the stream now
+  const TransportStats t0 = transport_stats();
+  q.send({idle}, 60s);
+  const TransportStats t1 = transport_stats();
+  CHECK(t1.cuda_idle_sends == t0.cuda_idle_sends + 1);
+  at::Tensor busy = at::zeros({std::int64_t{1} << 26}, kCuda);
+  for (int i = 0; i < 41; ++i) busy.add_(1);
+  q.send({busy}, 60s);
+  const TransportStats t2 = transport_stats();
+  const auto no_memops = static_cast<int>(cuda::SyncFallback::no_memops);
+  if (t2.cuda_sync_fallbacks[no_memops] > t1.cuda_sync_fallbacks[no_memops]) {
+    WARN("this device failed the memop probe: an event ordered the receiver instead");
+    CHECK(t2.cuda_events_recorded == t1.cuda_events_recorded + 1);
+  } else {
+    CHECK(t2.cuda_memop_writes == t1.cuda_memop_writes + 1);
+  }
   REQUIRE(test::wait_child(child) == 0);
 }
 

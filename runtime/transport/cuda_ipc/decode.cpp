@@ -116,45 +116,97 @@ at::Tensor decode_own(const wire::Record& r, std::shared_ptr<Segment> ledger, pi
   return copy;
 }
 
+// Makes the current stream wait on the sender's interprocess event (sync event).
+void wait_on_event(const wire::Record& r, int device, void* stream) {
+  void* event = nullptr;
+  if (from_this_process(r)) {
+    // This process's own event: the pool has it (a handle cannot be opened where it was made).
+    Sender& s = sender();
+    std::lock_guard<std::mutex> lock(s.mu);
+    event = s.events.event_at(device, r.event_slot);
+  } else {
+    cuda::IpcHandle handle{};
+    std::memcpy(handle.data(), r.event_handle, handle.size());
+    Importer& im = importer();
+    std::lock_guard<std::mutex> lock(im.mu);
+    const EventKey key{owner_identity(r), device, r.event_slot};
+    auto it = im.events.find(key);
+    if (it != im.events.end() && it->second.handle != handle) {
+      // The sender's pool slot holds another event now (it was recreated): reopen.
+      (void)cuda::destroy_event(device, it->second.event);
+      im.events.erase(it);
+      it = im.events.end();
+    }
+    if (it == im.events.end()) {
+      check(cuda::open_event_handle(device, handle, &event), "opening the sender's event");
+      it = im.events.emplace(key, OpenedEvent{handle, event}).first;
+    }
+    event = it->second.event;
+  }
+  if (event == nullptr) {
+    throw Error(Errc::bad_record,
+                "event slot " + std::to_string(r.event_slot) + " names no event of the sender");
+  }
+  check(cuda::stream_wait_event(stream, event), "waiting on the sender's event");
+}
+
+// Makes the current stream wait until the sender's flag slot holds the record's value (sync
+// memop): the sender's stream writes it after the tensor's last write.
+void wait_on_flag(const wire::Record& r, int device, void* stream) {
+  void* buffer = nullptr;
+  if (from_this_process(r)) {
+    Sender& s = sender();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.flags.find(r.device_index);
+    if (it != s.flags.end()) buffer = it->second.buffer;
+  } else {
+    Importer& im = importer();
+    std::lock_guard<std::mutex> lock(im.mu);
+    im.start_closer_locked();  // it releases these waits if the sender dies first
+    cuda::FlagImports::Key key{owner_identity(r), {}};
+    std::memcpy(key.device.data(), r.device_uuid, key.device.size());
+    buffer = im.flags.find(key);
+    if (buffer == nullptr) {
+      // Once per sender and device, for the sender's life: under the lock, so no second open.
+      cuda::IpcHandle handle{};
+      std::memcpy(handle.data(), r.event_handle, handle.size());
+      std::size_t mapped = 0;
+      check(cuda::open_mem_handle(device, handle, &buffer, &mapped),
+            "opening the sender's flag buffer");
+      if (mapped < std::size_t{wire::kFlagSlots} * sizeof(std::uint64_t)) {
+        (void)cuda::close_mem_handle(device, buffer);
+        throw Error(Errc::bad_record, "the sender's flag buffer is " + std::to_string(mapped) +
+                                          " bytes, less than its " +
+                                          std::to_string(wire::kFlagSlots) + " slots");
+      }
+      im.flags.add(key, device, buffer);
+      bump(counters().cuda_flag_buffers_opened);
+    }
+    im.flags.waited(key, r.event_slot, r.flag_value);
+  }
+  if (buffer == nullptr) {
+    throw Error(Errc::bad_record, "a memop record of this process names no flag buffer of cuda:" +
+                                      std::to_string(r.device_index));
+  }
+  check(cuda::stream_wait_value(stream, static_cast<std::uint64_t*>(buffer) + r.event_slot,
+                                r.flag_value),
+        "waiting on the sender's flag");
+  bump(counters().cuda_memop_waits);
+}
+
 }  // namespace
 
 std::shared_ptr<Segment> claim_cuda(const wire::Record& r, pid_t me) {
   const steps::Timed step("recv: claim a CUDA record (in the pop)");
   require_cuda_torch();
-  if (r.event_slot != wire::kNoEvent) {
-    const bool local = from_this_process(r);
-    const int device = local ? r.device_index : local_device(r.device_uuid);
-    void* event = nullptr;
-    if (local) {
-      // This process's own event: the pool has it (a handle cannot be opened where it was made).
-      Sender& s = sender();
-      std::lock_guard<std::mutex> lock(s.mu);
-      event = s.events.event_at(device, r.event_slot);
+  if (r.sync == wire::kSyncEvent || r.sync == wire::kSyncMemop) {
+    const int device = from_this_process(r) ? r.device_index : local_device(r.device_uuid);
+    void* stream = current_cuda_stream(device);
+    if (r.sync == wire::kSyncEvent) {
+      wait_on_event(r, device, stream);
     } else {
-      cuda::IpcHandle handle{};
-      std::memcpy(handle.data(), r.event_handle, handle.size());
-      Importer& im = importer();
-      std::lock_guard<std::mutex> lock(im.mu);
-      const EventKey key{owner_identity(r), device, r.event_slot};
-      auto it = im.events.find(key);
-      if (it != im.events.end() && it->second.handle != handle) {
-        // The sender's pool slot holds another event now (it was recreated): reopen.
-        (void)cuda::destroy_event(device, it->second.event);
-        im.events.erase(it);
-        it = im.events.end();
-      }
-      if (it == im.events.end()) {
-        check(cuda::open_event_handle(device, handle, &event), "opening the sender's event");
-        it = im.events.emplace(key, OpenedEvent{handle, event}).first;
-      }
-      event = it->second.event;
+      wait_on_flag(r, device, stream);
     }
-    if (event == nullptr) {
-      throw Error(Errc::bad_record,
-                  "event slot " + std::to_string(r.event_slot) + " names no event of the sender");
-    }
-    check(cuda::stream_wait_event(current_cuda_stream(device), event),
-          "waiting on the sender's event");
   }
   auto ledger =
       map_peer_segment(r.owner_pid, r.owner_token, wire::kCudaLedgerSeq, 0, kFetchTimeout);

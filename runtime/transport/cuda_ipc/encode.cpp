@@ -10,6 +10,8 @@
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/cuda/send_policy.hpp"
 #include "ipc/cuda/span_export.hpp"
+#include "ipc/cuda/sync_policy.hpp"
+#include "ipc/cuda/timeline.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
@@ -51,6 +53,92 @@ cuda::SendFacts gather_facts_locked(Sender& s, const at::Tensor& t, const Receiv
     if (!f.empty) f.receiver.cannot_open |= s.refused_by_locked(to.pid, f.block);
   }
   return f;
+}
+
+// The sync_policy facts of sending on `stream` now (the queries it needs, only those).
+cuda::SyncFacts sync_facts_locked(Sender& s, int device, void* stream, std::uint64_t* stream_id) {
+  cuda::SyncFacts f;
+  f.mode = s.sync_mode;
+  f.event_free = true;  // asked of the pool only when an event is chosen: take() reserves one
+  check(cuda::stream_capturing(stream, &f.capturing), "asking whether the stream is captured");
+  if (f.capturing || f.mode == cuda::SyncMode::event || f.mode == cuda::SyncMode::stream) {
+    return f;
+  }
+  if (f.mode == cuda::SyncMode::automatic) {
+    check(cuda::stream_idle(stream, &f.stream_idle), "asking whether the stream is idle");
+    if (f.stream_idle) return f;
+  }
+  const DeviceFlags& flags = s.flags_locked(device);
+  f.memops = flags.ok && cuda::stream_id(stream, stream_id).ok();
+  f.flag_slot = f.memops && flags.timeline.has_slot(*stream_id);
+  return f;
+}
+
+// Orders the record's receiver after the tensor's last write on the current stream
+// (sync_policy.hpp decides how) and writes the way into the record. The caller holds s.mu, which
+// also orders the timeline's values with their writes.
+void order_receiver_locked(Sender& s, Ledger& ledger, const Ledger::Lease& lease, int device,
+                           wire::Record& r) {
+  const steps::Timed step("send: order the receiver (sync)");
+  void* stream = current_cuda_stream(device);
+  std::uint64_t stream_id = 0;
+  cuda::SyncFacts facts = sync_facts_locked(s, device, stream, &stream_id);
+  cuda::SyncChoice choice = cuda::choose_sync(facts);
+  r.event_slot = wire::kNoEvent;
+  if (choice.sync == cuda::Sync::memop) {
+    DeviceFlags& flags = s.flags_locked(device);
+    const cuda::Timeline::Mark mark = *flags.timeline.next(stream_id);
+    void* word = static_cast<std::uint64_t*>(flags.buffer) + mark.slot;
+    cuda::Status ws = cuda::stream_write_value(stream, word, mark.value);
+    if (ws.ok()) {
+      r.event_slot = mark.slot;
+      r.flag_value = mark.value;
+      std::memcpy(r.event_handle, flags.handle.data(), flags.handle.size());
+      bump(counters().cuda_memop_writes);
+    } else {
+      // Refused after the probe passed (a stream the probe's was not like): events from now on
+      // on this device, saying why once.
+      flags.ok = false;
+      flags.why = ws.error;
+      log().warn("cuda:{}: a timeline write failed ({}); receivers wait on events from now on",
+                 device, ws.error);
+      facts.memops = false;
+      choice = cuda::choose_sync(facts);
+    }
+  }
+  if (choice.sync == cuda::Sync::event) {
+    cuda::EventPool::Take e =
+        s.events.take(device, [&](const Ledger::Lease& l) { return ledger.unclaimed(l); });
+    if (e.action == cuda::EventPool::Take::exhausted) {
+      facts.event_free = false;
+      choice = cuda::choose_sync(facts);
+    } else {
+      if (e.action == cuda::EventPool::Take::create) {
+        cuda::Status cs = cuda::create_ipc_event(device, &e.event, &e.handle);
+        if (!cs.ok()) {
+          s.events.give_back(device, e.slot);
+          check(cs, "creating an interprocess event");
+        }
+        s.events.add(device, e.slot, e.event, e.handle);
+      }
+      cuda::Status rs = cuda::record_event(e.event, stream);
+      if (!rs.ok()) {
+        s.events.give_back(device, e.slot);
+        check(rs, "recording an interprocess event");
+      }
+      s.events.bind(device, e.slot, lease);
+      bump(counters().cuda_events_recorded);
+      r.event_slot = e.slot;
+      std::memcpy(r.event_handle, e.handle.data(), e.handle.size());
+    }
+  }
+  if (choice.sync == cuda::Sync::synced) {
+    check(cuda::stream_synchronize(stream), "synchronising the stream before a send");
+    bump(counters().cuda_event_pool_syncs);
+  }
+  if (choice.sync == cuda::Sync::none) bump(counters().cuda_idle_sends);
+  if (choice.fallback) bump(counters().cuda_sync_fallbacks[static_cast<int>(*choice.fallback)]);
+  r.sync = static_cast<std::uint8_t>(choice.sync);
 }
 
 // The record of `shared` (the tensor, or its copy on the device) in `block`, exported by handle
@@ -104,35 +192,7 @@ Outgoing send_exported_locked(Sender& s, const at::Tensor& shared, const cuda::B
     }
     r.lease_slot = out.lease.slot;
     r.lease_gen = out.lease.gen;
-
-    // The event marks the tensor's last write on this stream; the receiver's stream waits on
-    // it, so nobody stalls the host.
-    void* stream = current_cuda_stream(device);
-    cuda::EventPool::Take e =
-        s.events.take(device, [&](const Ledger::Lease& l) { return ledger.unclaimed(l); });
-    if (e.action == cuda::EventPool::Take::create) {
-      cuda::Status cs = cuda::create_ipc_event(device, &e.event, &e.handle);
-      if (!cs.ok()) {
-        s.events.give_back(device, e.slot);
-        check(cs, "creating an interprocess event");
-      }
-      s.events.add(device, e.slot, e.event, e.handle);
-    }
-    if (e.action == cuda::EventPool::Take::exhausted) {
-      check(cuda::stream_synchronize(stream), "synchronising the stream (event pool empty)");
-      bump(counters().cuda_event_pool_syncs);
-      r.event_slot = wire::kNoEvent;
-    } else {
-      cuda::Status rs = cuda::record_event(e.event, stream);
-      if (!rs.ok()) {
-        s.events.give_back(device, e.slot);
-        check(rs, "recording an interprocess event");
-      }
-      s.events.bind(device, e.slot, out.lease);
-      bump(counters().cuda_events_recorded);
-      r.event_slot = e.slot;
-      std::memcpy(r.event_handle, e.handle.data(), e.handle.size());
-    }
+    order_receiver_locked(s, ledger, out.lease, device, r);
   } catch (...) {
     ledger.abandon(out.lease);
     throw;

@@ -6,6 +6,7 @@
 #include "ipc/cuda/send_policy.hpp"
 #include "ipc/cuda/vmm_api.hpp"
 #include "ipc/env.hpp"
+#include "ipc/log.hpp"
 #include "ipc/process.hpp"
 #include "ipc/segment_server.hpp"
 #include "ipc/step_times.hpp"
@@ -48,7 +49,10 @@ pid_t g_sender_pid = 0;
 
 }  // namespace
 
-Sender::Sender() : spans(cuda::device_vmm()), events(env_count("FERRY_CUDA_EVENTS", 64)) {}
+Sender::Sender()
+    : spans(cuda::device_vmm()),
+      events(env_count("FERRY_CUDA_EVENTS", 64)),
+      sync_mode(cuda::sync_mode_from(env::text("FERRY_CUDA_SYNC", ""))) {}
 
 bool Sender::refused_by_locked(pid_t pid, const cuda::BlockInfo& b) {
   if (ledger) {
@@ -89,6 +93,37 @@ const cuda::Uuid& Sender::uuid_locked(int device) {
     it = uuids.emplace(device, u).first;
   }
   return it->second;
+}
+
+DeviceFlags& Sender::flags_locked(int device) {
+  auto it = flags.find(device);
+  if (it != flags.end()) return it->second;
+  DeviceFlags& f = flags[device];
+  // A wait that never ends would hang nothing here: the probe polls, for at most this long.
+  constexpr int kProbeMs = 1000;
+  bool ok = false;
+  cuda::Status st = cuda::probe_memops(device, kProbeMs, &ok, &f.why);
+  if (!st.ok()) f.why = st.error;
+  if (ok) {
+    st = cuda::alloc_device(device, f.timeline.bytes(), &f.buffer);
+    if (st.ok())
+      st = cuda::get_mem_handle(device, reinterpret_cast<std::uintptr_t>(f.buffer), &f.handle);
+    if (!st.ok()) {
+      ok = false;
+      f.why = "the flag buffer: " + st.error;
+    }
+  }
+  f.ok = ok;
+  if (ok) {
+    log().debug("cuda:{}: receivers wait on a timeline counter (memops){}", device,
+                f.why.empty() ? "" : " (" + f.why + ")");
+  } else {
+    log().info(
+        "cuda:{}: stream memory operations do not work here ({}); receivers wait on "
+        "interprocess events instead",
+        device, f.why);
+  }
+  return f;
 }
 
 Sender* existing_sender() {

@@ -13,11 +13,15 @@
 #include <set>
 #include <tuple>
 
+#include <string>
+
 #include "ipc/cuda/devices.hpp"
 #include "ipc/cuda/event_pool.hpp"
 #include "ipc/cuda/export_cache.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/cuda/span_export.hpp"
+#include "ipc/cuda/sync_policy.hpp"
+#include "ipc/cuda/timeline.hpp"
 #include "ipc/ledger.hpp"
 
 namespace ferry::detail {
@@ -28,6 +32,17 @@ struct SentStorage {
   c10::Storage storage;
   cuda::BlockInfo block;                   // the allocation it lies in, for a receiver's refusal
   std::shared_ptr<cuda::SpanExport> span;  // its chunks' fds, when it travels by fd
+};
+
+// A device's timeline counters (ipc/cuda/timeline.hpp): its flag buffer, made, probed and exported
+// at the first busy send on the device, never freed (a receiver may have it open until this
+// process exits).
+struct DeviceFlags {
+  bool ok = false;           // memops work here and the buffer is exported
+  std::string why;           // why not, when not
+  void* buffer = nullptr;    // cudaMalloc'd, Timeline::bytes() of zeroed 64-bit slots
+  cuda::IpcHandle handle{};  // its export, in every memop record
+  cuda::Timeline timeline;
 };
 
 // A receiver that could not open an allocation (cudaErrorAlreadyMapped: it has it open outside
@@ -45,6 +60,8 @@ struct Sender {
   std::map<int, cuda::Uuid> uuids;
   std::set<Refused> refused;
   std::map<int, bool> copies_exportable;  // per device: can LibTorch's fresh blocks be exported
+  std::map<int, DeviceFlags> flags;       // per device, once a busy send needed it
+  const cuda::SyncMode sync_mode;         // FERRY_CUDA_SYNC
 
   // True when `pid` refused block `b` before (refusals arrive through the ledger).
   bool refused_by_locked(pid_t pid, const cuda::BlockInfo& b);
@@ -56,6 +73,9 @@ struct Sender {
   bool copies_exportable_locked(int device);
   // The UUID of `device`, read once.
   const cuda::Uuid& uuid_locked(int device);
+  // The timeline counters of `device`: probed (a real write and wait), allocated and exported
+  // once; ok is false, saying why, where memops do not work there.
+  DeviceFlags& flags_locked(int device);
 };
 
 // This process's sender, made on first use: a forked child gets a fresh one (the parent's mutex
