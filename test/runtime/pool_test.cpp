@@ -488,7 +488,7 @@ TEST_CASE("Shutdown::Kill cuts short a drain another thread is waiting on") {
   CHECK(all_dead(pids, 100ms));
 }
 
-TEST_CASE("a worker's start runs once, before its first task; one that throws fails its tasks") {
+TEST_CASE("a worker's start runs once before its first task, and one that throws fails its tasks") {
   for (const Start start : {cpu_pool(1).start, Start::Spawn}) {  // fork, save under TSan
     Pool pool(cpu_pool(2, start));
     for (int i = 0; i < 4; ++i) {
