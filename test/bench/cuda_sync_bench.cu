@@ -57,6 +57,8 @@
 #include <thread>
 #include <vector>
 
+#include "ipc/cuda/driver.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -83,14 +85,7 @@ void ok(CUresult r, const char* what) {
 
 template <class F>
 F entry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<F>(p);
+  return reinterpret_cast<F>(ferry::cuda::driver::entry(name));
 }
 
 struct Driver {
