@@ -40,7 +40,7 @@ SCENARIOS = ["run_kills", "supervisor_kills", "queue_kills", "shm_full", "wire_f
 
 # (option, full value, --short value, help)
 PARAMS = [
-    ("tasks", 1000000, 40000, "run_kills: tasks (one input tensor each)"),
+    ("tasks", 1000000, 100000, "run_kills: tasks (one input tensor each)"),
     ("kills", 1000, 30, "run_kills: worker SIGKILLs during the run"),
     ("kill_every_ms", 50.0, 50.0, "run_kills: the pace of the kills"),
     ("kill_after_ms", 0.0, 0.0, "run_kills: kills start this long after the first worker "
