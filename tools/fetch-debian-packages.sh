@@ -5,9 +5,11 @@
 #
 #   tools/fetch-debian-packages.sh DIR SUITE PACKAGE...
 #
-# DIR/apt holds a private apt configuration and state (one sources.list line for SUITE), DIR/debs
-# the downloaded .deb files, DIR/root their contents (dpkg -x). When DIR/root already holds the
-# packages asked for, nothing is fetched, so later runs cost nothing and work offline.
+# The packages come from the Debian mirror this machine's apt uses (tools/debian-mirror.sh;
+# DEBIAN_MIRROR overrides it). DIR/apt holds a private apt configuration and state (one
+# sources.list line for SUITE), DIR/debs the downloaded .deb files, DIR/root their contents
+# (dpkg -x). When DIR/root already holds the packages asked for, nothing is fetched, so later
+# runs cost nothing and work offline.
 set -euo pipefail
 
 die() { echo "fetch-debian-packages: $*" >&2; exit 1; }
@@ -29,11 +31,12 @@ keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -r "$keyring" ] ||
   die "no $keyring to check Debian's signatures: install the debian-archive-keyring package"
 
+mirror=$("$(dirname "$0")/debian-mirror.sh") || die "no Debian mirror to fetch $* from"
 apt=$dir/apt
 rm -rf "$apt" "$dir/debs" "$dir/root"
 mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" \
   "$apt/preferences.d" "$dir/debs" "$dir/root"
-echo "deb [signed-by=$keyring] http://deb.debian.org/debian $suite main" >"$apt/sources.list"
+echo "deb [signed-by=$keyring] $mirror $suite main" >"$apt/sources.list"
 # Every path apt would read or write points into $apt; the machine's apt.conf.d (a proxy, say)
 # still applies. The status file is empty, so dependencies are neither known nor fetched.
 opts=(-o "Dir::State=$apt" -o "Dir::State::Lists=$apt/lists" -o "Dir::State::status=/dev/null"
@@ -43,7 +46,7 @@ opts=(-o "Dir::State=$apt" -o "Dir::State::Lists=$apt/lists" -o "Dir::State::sta
 
 echo "fetch-debian-packages: downloading $* from Debian $suite into $dir"
 apt-get "${opts[@]}" -qq update ||
-  die "cannot read Debian $suite's package lists from deb.debian.org: the first run needs the
+  die "cannot read Debian $suite's package lists from $mirror: the first run needs the
 network (later ones use $dir/root)"
 (cd "$dir/debs" && apt-get "${opts[@]}" -qq download "$@") ||
   die "cannot download $* from Debian $suite (is each name a package of $suite main?)"

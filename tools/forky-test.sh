@@ -7,7 +7,7 @@
 #
 #   FORKY_ROOT   the chroot (default /var/tmp/ferry-forky); made with debootstrap when missing
 #   FORKY_BUILD  the build tree, inside the checkout (default build-forky)
-#   FORKY_MIRROR the Debian mirror (default: the one this machine's apt uses)
+#   FORKY_MIRROR the Debian mirror (default: the one this machine's apt uses, tools/debian-mirror.sh)
 #   JOBS         build jobs (default: nproc)
 #   CMAKE_ARGS   extra arguments to the configure step
 #
@@ -85,15 +85,8 @@ mount_at() {
 
 # The mirror this machine's apt takes Debian from (forky lives on every Debian mirror).
 debian_mirror() {
-  if [ -n "${FORKY_MIRROR:-}" ]; then
-    echo "$FORKY_MIRROR"
-    return
-  fi
-  local url
-  url=$(apt-cache policy 2>/dev/null | awk '
-    $1 ~ /^[0-9]+$/ && $2 ~ /^https?:\/\// { url = $2; next }
-    /release / && /o=Debian,/ && /l=Debian,/ && url != "" { print url; exit }')
-  echo "${url:-http://deb.debian.org/debian}"
+  DEBIAN_MIRROR=${FORKY_MIRROR:-${DEBIAN_MIRROR:-}} "$src/tools/debian-mirror.sh" ||
+    die "no Debian mirror to make the chroot from: set FORKY_MIRROR"
 }
 
 t0=$(date +%s)
@@ -105,7 +98,7 @@ elapsed() { echo "$(($(date +%s) - t0)) s"; }
 if [ ! -f "$root/etc/ferry-forky" ]; then
   [ ! -e "$root" ] || die "$root exists but was not made by this script (no etc/ferry-forky): \
 remove it or choose another FORKY_ROOT"
-  mirror=$(debian_mirror)
+  mirror=$(debian_mirror) || exit 1
   script=/usr/share/debootstrap/scripts/sid  # forky's own script may be missing on Debian 12
   [ -f "$script" ] || die "no $script: apt-get install debootstrap"
   say "making the forky chroot in $root from $mirror (about 3 minutes)"
