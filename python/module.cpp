@@ -7,6 +7,7 @@
 #include <torch/version.h>
 
 #include "ipc/diag/shm_check.hpp"
+#include "ipc/version.hpp"
 #include "python/errors.hpp"
 #include "python/fds.hpp"
 #include "python/hosts.hpp"
@@ -25,7 +26,7 @@ namespace py = pybind11;
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ferry's extension: zero-copy tensors between processes (use the ferry package)";
   m.attr("torch_version") = TORCH_VERSION;  // the LibTorch it was built against
-  m.attr("version") = FERRY_VERSION;        // CMake's project() version: the one place it is set
+  m.attr("version") = ferry::version();     // CMake's project() version: the one place it is set
   ferry::python::bind_errors(m);
   ferry::python::bind_storages(m);
   ferry::python::bind_queue(m);

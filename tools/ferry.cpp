@@ -11,6 +11,7 @@
 
 #include <cstdio>
 
+#include "ipc/version.hpp"
 #include "tools/ferry_hosts.hpp"
 #include "tools/ferry_inputs.hpp"
 #include "tools/ferry_run.hpp"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   catch_stop_signals();  // before anything here can start a thread
   CLI::App app{"ferry: run PyTorch work on a pool of worker processes, tensors moved zero-copy"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", ferry::version());
   RunArgs a;
   add_run_command(app, a);
   CLI::App* host_cmd = add_host_command(app, a);

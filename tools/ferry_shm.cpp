@@ -22,6 +22,7 @@
 #include "ipc/diag/shm_check.hpp"
 #include "ipc/error.hpp"
 #include "ipc/units.hpp"
+#include "ipc/version.hpp"
 
 namespace {
 
@@ -219,6 +220,7 @@ int run_clean(const ferry::ShmCleanOptions& opt) {
 int main(int argc, char** argv) {
   CLI::App app{"ferry-shm: diagnose shared-memory limits, find and clean leftover segments"};
   app.require_subcommand(0, 1);
+  app.set_version_flag("--version", ferry::version());
   std::string dir;  // empty: $FERRY_SHM_DIR or /dev/shm, read inside the try below
   std::string need_text;
   unsigned workers = 0;

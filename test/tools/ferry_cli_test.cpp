@@ -21,6 +21,7 @@
 #include "../test_util.hpp"
 #include "ipc/cuda/ipc_api.hpp"
 #include "ipc/process.hpp"
+#include "ipc/version.hpp"
 
 namespace {
 
@@ -88,6 +89,15 @@ std::vector<pid_t> children_of(pid_t pid) {
   }
   ::closedir(d);
   return out;
+}
+
+TEST_CASE("ferry --version prints the one version: project()'s, which libferry reports too") {
+  TempDir dir;
+  const Ran r = run(dir, "--version");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out == std::string(FERRY_PROJECT_VERSION) + "\n");
+  CHECK(std::string(ferry::version()) == FERRY_PROJECT_VERSION);
 }
 
 TEST_CASE("ferry run with no options runs the built-in mlp and prints a summary", "[fork]") {

@@ -96,6 +96,12 @@ nlohmann::json check_named(const nlohmann::json& doc, const std::string& name) {
 
 }  // namespace
 
+TEST_CASE("ferry-shm --version prints project()'s version", "[tools][ferry-shm]") {
+  const Run r = ferry_shm({"--version"});
+  expect(r.code == 0 && r.out == std::string(FERRY_PROJECT_VERSION) + "\n",
+         "ferry-shm --version: exit " + std::to_string(r.code) + ", '" + r.out + "' " + r.err);
+}
+
 TEST_CASE("ferry-shm check exits 0, 1 or 2 with the worst verdict", "[tools][ferry-shm]") {
   ferry::test::in_child([] {
     ferry::test::private_tmpfs(16 << 20);
