@@ -47,13 +47,14 @@ done
 # ferry links; Catch2, pytest and cloudpickle; the Hogwild examples' digits (python3-sklearn, read
 # from C++ through zlib); Gloo and OpenSSL for the pool across hosts, whose tests put each host in
 # a network namespace (iproute2, nftables); Ninja for the test that builds ferry with it; readelf
-# for the installed binaries' check; matplotlib for the benchmark plots' test.
+# for the installed binaries' check; matplotlib for the benchmark plots' test; scikit-build-core
+# and venv for the test of `pip install .`.
 # Left out on purpose: clang. The wire fuzzer does not depend on LibTorch and runs on Debian 12;
 # here it skips, saying so.
 packages=(cmake make g++ pkg-config binutils libtorch-dev catch2 libspdlog-dev libcli11-dev
   nlohmann-json3-dev python3-torch python3-dev python3-pybind11 python3-pytest
   python3-cloudpickle python3-sklearn python3-matplotlib zlib1g-dev libgloo-dev libssl-dev iproute2
-  nftables procps ninja-build)
+  nftables procps ninja-build python3-scikit-build-core python3-venv)
 
 # One run at a time per chroot: two would mount over each other and install at once.
 exec 9>"$root.lock"

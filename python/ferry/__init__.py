@@ -21,8 +21,9 @@ from . import _C
 if _torch.__version__.split(".")[:2] != _C.torch_version.split(".")[:2]:
     raise ImportError(
         f"ferry was built against LibTorch {_C.torch_version} but this Python imports torch "
-        f"{_torch.__version__}; rebuild ferry against this torch (docs/embedding.md) or use the "
-        "Python it was built for")
+        f"{_torch.__version__}; reinstall ferry against this torch (pip install "
+        "--no-build-isolation <ferry's source>, docs/python.md \"Install\") or use the Python it "
+        "was built for")
 
 # A forked child runs one intra-op thread (FERRY_FORK_THREADS): it cannot use its parent's
 # OpenMP team and would wait for it for ever (docs/python.md, "Fork, OpenMP and CUDA"). libferry's

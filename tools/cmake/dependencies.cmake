@@ -39,5 +39,5 @@ if(_missing_names)
     "  Fedora:         sudo dnf install ${_fedora}\n"
     "  conda:          conda install -c conda-forge ${_conda}\n"
     "Installed under a prefix of their own? Name it: cmake -DCMAKE_PREFIX_PATH=PREFIX, or "
-    "pip install --no-build-isolation -C cmake.define.CMAKE_PREFIX_PATH=PREFIX .")
+    "pip install --no-build-isolation --config-settings=cmake.define.CMAKE_PREFIX_PATH=PREFIX .")
 endif()

@@ -61,12 +61,41 @@ foreach(_dir IN LISTS _dep_dirs)
 endforeach()
 list(REMOVE_DUPLICATES FERRY_DEPENDENCY_RPATH)
 
-set(CMAKE_INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}" ${FERRY_DEPENDENCY_RPATH})
-# For a target's own INSTALL_RPATH: ";dir;dir", or nothing (an empty entry would mean the cwd).
-set(FERRY_DEPENDENCY_RPATH_SUFFIX "")
-foreach(_dir IN LISTS FERRY_DEPENDENCY_RPATH)
-  string(APPEND FERRY_DEPENDENCY_RPATH_SUFFIX ";${_dir}")
-endforeach()
+# A wheel (tools/cmake/wheel.cmake) also reaches a pip torch in the same site-packages by a
+# relative path, so the environment may move; the absolute folder stays as the fallback, for a
+# torch elsewhere (a venv made with --system-site-packages).
+set(_wheel_torch_lib "")
+if(SKBUILD AND FERRY_PYTHON_EXECUTABLE)
+  execute_process(COMMAND "${FERRY_PYTHON_EXECUTABLE}" -c
+    "import sysconfig; print(sysconfig.get_path('platlib'))"
+    OUTPUT_VARIABLE _platlib OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc)
+  get_filename_component(_torch_lib_real "${TORCH_INSTALL_PREFIX}/lib" REALPATH)
+  get_filename_component(_platlib_real "${_platlib}" REALPATH)
+  string(FIND "${_torch_lib_real}" "${_platlib_real}/" _at)
+  if(_rc EQUAL 0 AND _platlib AND _at EQUAL 0)
+    file(RELATIVE_PATH _wheel_torch_lib "${_platlib_real}" "${_torch_lib_real}")
+  endif()
+endif()
+
+# ferry_install_rpath(OUT DIR): the RUNPATH of a binary installed in DIR (relative to the prefix):
+# ferry's library folder relative to it, then a wheel's torch relative to it, then the
+# dependencies' folders.
+function(ferry_install_rpath out dir)
+  cmake_path(SET _from NORMALIZE "/${dir}")
+  cmake_path(SET _lib NORMALIZE "/${CMAKE_INSTALL_LIBDIR}")
+  file(RELATIVE_PATH _to_lib "${_from}" "${_lib}")
+  set(_rpath "$ORIGIN/${_to_lib}")
+  if(_wheel_torch_lib)
+    file(RELATIVE_PATH _to_torch "${_from}" "/${_wheel_torch_lib}")
+    list(APPEND _rpath "$ORIGIN/${_to_torch}")
+  endif()
+  list(APPEND _rpath ${FERRY_DEPENDENCY_RPATH})
+  set(${out} "${_rpath}" PARENT_SCOPE)
+endfunction()
+
+# Executables and libraries alike: BINDIR and LIBDIR lie at one depth under one folder (bin and
+# lib, ferry/bin and ferry/lib), so BINDIR's path to LIBDIR also leads from LIBDIR to itself.
+ferry_install_rpath(CMAKE_INSTALL_RPATH "${CMAKE_INSTALL_BINDIR}")
 set(CMAKE_INSTALL_RPATH_USE_LINK_PATH ON)
 if(FERRY_DEPENDENCY_RPATH)
   message(STATUS "ferry: installed binaries also look for libraries in ${FERRY_DEPENDENCY_RPATH}")
