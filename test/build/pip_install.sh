@@ -70,6 +70,10 @@ t1=$(date +%s)
   --config-settings=build-dir="$build" --config-settings=cmake.define.FERRY_WERROR=ON \
   "$src") >"$work/pip-install.log" 2>&1 || { tail -n 60 "$work/pip-install.log"; fail "pip install"; }
 say "installed in $(($(date +%s) - t1)) s"
+# pip builds the package, not the suite: no test, benchmark or example target was configured.
+for dir in test docs/examples; do
+  [ ! -e "$build/$dir" ] || fail "the wheel's build configured $dir ($build/$dir exists)"
+done
 
 # ---- the installed package, from outside the checkout, the build tree gone ---------------------
 mv "$build" "$build.away"
