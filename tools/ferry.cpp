@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
     return code == 0 ? kOk : kBadInput;
   }
   try {
+    settle_run_args(a);
     if (host_cmd->parsed()) return host(a);
     return run(a);
   } catch (const BadInput& e) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "ipc/cuda/visible_gpus.hpp"
+#include "tools/run_choice.hpp"
 #include "workers/task_registry.hpp"
 
 namespace ferry::tools {
@@ -62,7 +63,7 @@ void add_pool_options(CLI::App* cmd, RunArgs& a) {
                   "how workers start: fork (only while CUDA is uninitialised here), spawn (runs "
                   "the worker executable), auto (fork when safe)")
       ->check(CLI::IsMember({"auto", "fork", "spawn"}));
-  cmd->add_option("--model", a.model, "TorchScript file for --task torchscript");
+  cmd->add_option("--model", a.model, "TorchScript file for --task torchscript (implies it)");
   cmd->add_option("--timeout-ms", a.timeout_ms,
                   "kill a worker whose task runs longer (0: no limit)")
       ->check(CLI::Range(0, 1 << 30));
@@ -80,7 +81,7 @@ void add_pool_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--restart-backoff-max-ms", a.backoff_max_ms, "the longest such wait")
       ->check(CLI::Range(0, 3600000));
   cmd->add_option("--worker", a.worker,
-                  "worker executable for spawn (default: ferry-worker beside this program)");
+                  "worker executable, spawned (default: ferry-worker beside this program)");
 }
 
 // The options of a job on several hosts that the head and its hosts share.
@@ -111,9 +112,12 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a) {
   // ferry-worker has too.
   std::string known;
   for (const auto& n : ferry::task_names()) known += (known.empty() ? "" : ", ") + n;
-  run_cmd->add_option(
-      "--task", a.task,
-      "task to run (here: " + known + "); a custom worker (--worker) may register more");
+  run_cmd
+      ->add_option("--task", a.task,
+                   "task to run (here: " + known +
+                       "; with --model alone: torchscript); a custom worker (--worker) may "
+                       "register more")
+      ->each([&a](const std::string&) { a.task_given = true; });
   run_cmd->add_option("--input", a.input,
                       "tensors saved by torch.save([t0, t1, ...]); each is one task's input");
   run_cmd->add_option("--output", a.output,
@@ -163,6 +167,13 @@ CLI::App* add_host_command(CLI::App& app, RunArgs& a) {
   return host_cmd;
 }
 
+void settle_run_args(RunArgs& a) {
+  const RunChoice c = choose_run({a.task, a.task_given, a.model, a.worker, a.start});
+  if (!c.error.empty()) throw BadInput(c.error);
+  a.task = c.task;
+  a.start = c.start;
+}
+
 ferry::PoolOptions pool_options(const RunArgs& a) {
   ferry::PoolOptions o;
   if (!a.devices.empty()) {
@@ -180,9 +191,6 @@ ferry::PoolOptions pool_options(const RunArgs& a) {
   o.restart.backoff = std::chrono::milliseconds(a.backoff_ms);
   o.restart.backoff_max = std::chrono::milliseconds(a.backoff_max_ms);
   if (!a.model.empty()) o.config["model"] = a.model;
-  if (a.task == "torchscript" && a.model.empty()) {
-    throw BadInput("--task torchscript needs --model FILE.pt (a model saved by torch.jit.save)");
-  }
   if (!a.model.empty() && ::access(a.model.c_str(), R_OK) != 0) {
     throw BadInput("cannot read --model '" + a.model + "': " + std::strerror(errno));
   }

@@ -22,6 +22,7 @@ struct RunArgs {
   std::string devices;
   std::string start = "auto";
   std::string task = "mlp";
+  bool task_given = false;  // --task was on the command line (a model alone implies torchscript)
   std::string model, input, output, worker;
   int batches = 200;
   int batch_size = 64;
@@ -48,6 +49,10 @@ struct BadInput : std::runtime_error {
 // The `run` and `host` subcommands of `app`, their options read into `a`.
 CLI::App* add_run_command(CLI::App& app, RunArgs& a);
 CLI::App* add_host_command(CLI::App& app, RunArgs& a);
+
+// Settles what --task, --model, --worker and --start mean together (tools/run_choice.hpp): a
+// BadInput where they contradict each other. Called once, right after parsing.
+void settle_run_args(RunArgs& a);
 
 // The pool's options from the command line, for `ferry run` and `ferry host` alike.
 ferry::PoolOptions pool_options(const RunArgs& a);

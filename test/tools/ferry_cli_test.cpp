@@ -357,6 +357,58 @@ TEST_CASE("ferry run checks shared memory first: a /dev/shm too small stops it w
   });
 }
 
+TEST_CASE("ferry run --worker PROGRAM spawns it under the default --start, and runs its tasks") {
+  TempDir dir;
+  const Ran r = run(dir, "run --task whoami --workers 1 --batches 2 --json --worker " +
+                             std::string(FERRY_TEST_WORKER));
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  CHECK(doc.at("tasks") == 2);
+  CHECK(doc.at("failed") == 0);
+  CHECK(r.out.find("\"spawn\"") != std::string::npos);
+}
+
+TEST_CASE("ferry run --worker PROGRAM --start fork is refused, naming both flags, exit 2") {
+  TempDir dir;
+  const Ran r = run(dir, "run --task whoami --workers 1 --batches 2 --start fork --worker " +
+                             std::string(FERRY_TEST_WORKER));
+  INFO(r.out << r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--worker '" + std::string(FERRY_TEST_WORKER) + "'") &&
+                        Catch::Contains("drop --start fork"));
+}
+
+TEST_CASE("ferry run --model FILE alone runs the TorchScript task, not the default mlp", "[fork]") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+m = torch.jit.script(torch.nn.Linear(4, 2).eval())
+m.save(d + '/model.pt')
+torch.save([torch.randn(3, 4) for _ in range(5)], d + '/in.pt')
+)"));
+  const Ran r = run(dir, "run --model " + (dir / "model.pt") + " --input " + (dir / "in.pt") +
+                             " --output " + (dir / "out.pt") + " --workers 1");
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("task 'torchscript'"));
+  CHECK(python(dir, R"(
+d = sys.argv[1]
+out = torch.load(d + '/out.pt')
+assert len(out) == 5 and all(t.shape == (3, 2) for t in out), [t.shape for t in out]
+)"));
+}
+
+TEST_CASE("ferry run --model FILE with a built-in task that takes none is refused, exit 2") {
+  TempDir dir;
+  const Ran r = run(dir, "run --task mlp --model net.pt --batches 2");
+  INFO(r.out << r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--model 'net.pt'") &&
+                        Catch::Contains("'mlp', which takes no model"));
+}
+
 TEST_CASE("when its workers keep failing to start, ferry run ends with exit 3 and names them") {
   TempDir dir;
   // Both workers start, then every restart crashes by itself (ferry-test-worker's start plan):
