@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "ipc/cuda/visible_gpus.hpp"
+#include "ipc/log.hpp"
 #include "tools/run_choice.hpp"
 #include "workers/task_registry.hpp"
 
@@ -195,6 +197,39 @@ ferry::PoolOptions pool_options(const RunArgs& a) {
     throw BadInput("cannot read --model '" + a.model + "': " + std::strerror(errno));
   }
   return o;
+}
+
+void check_model(const std::string& path) {
+  try {
+    torch::jit::load(path, at::kCPU);
+    return;
+  } catch (const c10::Error& e) {
+    ferry::log().debug("torch::jit::load('{}'): {}", path, e.what());
+  } catch (const std::exception& e) {
+    ferry::log().debug("torch::jit::load('{}'): {}", path, e.what());
+  }
+  // Not TorchScript: say what it is instead, from its first bytes and, for a zip archive (what
+  // torch.save and torch.jit.save both write since PyTorch 1.6), from the records it holds.
+  std::ifstream f(path, std::ios::binary);
+  char head[4] = {};
+  f.read(head, sizeof head);
+  std::string what = "neither a TorchScript module nor a file of torch.save";
+  if (f.gcount() == 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) {
+    what = "a zip archive but not a TorchScript module";
+    try {
+      caffe2::serialize::PyTorchStreamReader reader(path);
+      if (reader.hasRecord("data.pkl") && !reader.hasRecord("constants.pkl")) {
+        what = "a file of torch.save (a state_dict or tensors, say), not a TorchScript module";
+      }
+    } catch (const std::exception& e) {
+      ferry::log().debug("reading '{}' as a zip archive: {}", path, e.what());
+    }
+  } else if (f.gcount() >= 1 && static_cast<unsigned char>(head[0]) == 0x80) {
+    what = "a pickle (torch.save's format before PyTorch 1.6, or pickle.dump's), not a "
+           "TorchScript module";
+  }
+  throw BadInput("--model '" + path + "' is " + what +
+                 ": save the model with torch.jit.save(torch.jit.script(model), FILE)");
 }
 
 std::vector<at::Tensor> load_tensors(const std::string& path) {

@@ -57,6 +57,10 @@ void settle_run_args(RunArgs& a);
 // The pool's options from the command line, for `ferry run` and `ferry host` alike.
 ferry::PoolOptions pool_options(const RunArgs& a);
 
+// Loads --model as the torchscript task will, once, before any worker starts: a file that is not
+// TorchScript is a BadInput naming it and saying what it is instead (a torch.save file, say).
+void check_model(const std::string& path);
+
 // Tensors saved from Python with torch.save([t0, t1, ...]) (a list or tuple of tensors).
 std::vector<at::Tensor> load_tensors(const std::string& path);
 

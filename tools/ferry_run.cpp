@@ -118,6 +118,7 @@ RunOutcome stream(ferry::Pool& pool, const RunArgs& a, const Batches& batches) {
 
 int run(const RunArgs& a) {
   ferry::PoolOptions o = pool_options(a);
+  if (a.task == "torchscript") check_model(a.model);
   const Batches batches(a, o.devices);
   check_shared_memory(static_cast<unsigned>(o.devices.size()));
   const HostsHead hosts(a);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -407,6 +408,32 @@ TEST_CASE("ferry run --model FILE with a built-in task that takes none is refuse
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Catch::Contains("--model 'net.pt'") &&
                         Catch::Contains("'mlp', which takes no model"));
+}
+
+TEST_CASE("ferry run --model that is not TorchScript is refused up front, naming the file, exit 2",
+          "[fork]") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+torch.save(torch.nn.Linear(4, 2).state_dict(), d + '/weights.pt')
+open(d + '/notes.txt', 'w').write('not a model')
+)"));
+  const Ran sd = run(dir, "run --model " + (dir / "weights.pt") + " --batches 4 --workers 1");
+  INFO(sd.out << sd.err);
+  CHECK(sd.code == 2);
+  CHECK_THAT(sd.err, Catch::Contains("--model '" + (dir / "weights.pt") + "' is a file of "
+                                     "torch.save") &&
+                         Catch::Contains("torch.jit.save") && !Catch::Contains("frame #"));
+  CHECK(std::count(sd.err.begin(), sd.err.end(), '\n') == 1);  // one line, before any worker
+  CHECK_THAT(sd.out, !Catch::Contains("worker"));
+  const Ran txt = run(dir, "run --task torchscript --model " + (dir / "notes.txt") +
+                               " --batches 4 --workers 1");
+  INFO(txt.out << txt.err);
+  CHECK(txt.code == 2);
+  CHECK_THAT(txt.err, Catch::Contains("'" + (dir / "notes.txt") + "' is neither a TorchScript "
+                                      "module nor a file of torch.save") &&
+                          !Catch::Contains("frame #"));
 }
 
 TEST_CASE("when its workers keep failing to start, ferry run ends with exit 3 and names them") {
