@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The pip_install test: `pip install --no-build-isolation .` as a Python user runs it, into a
-# fresh venv made with --system-site-packages (the system's torch and cloudpickle satisfy the
-# package's dependencies, so pip never reaches an index). Then, from a folder outside the
+# fresh venv made with --system-site-packages, where the system's torch and cloudpickle are the
+# package's dependencies. pip reaches no index and resolves no dependencies (--no-deps): Debian's
+# own package metadata does not always agree with itself (forky's sympy asks for an mpmath older
+# than forky's), which is no part of ferry's install; the metadata's Requires-Dist is checked. Then, from a folder outside the
 # checkout, with the wheel's build tree moved away and no PYTHONPATH: import ferry, a queue round
 # trip, a pool map, `python -m ferry shm check`, `ferry run` (fork and spawn), the console scripts
 # and one version everywhere; every library resolved by RUNPATH alone. Then `pip uninstall`, which
@@ -66,7 +68,7 @@ say "pip install --no-build-isolation $src (build tree $build)"
 t1=$(date +%s)
 (cd "$outside" && env -u PYTHONPATH ${backend_path:+PYTHONPATH=$backend_path} \
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-  "$vpy" -m pip install --no-build-isolation --no-index --no-cache-dir \
+  "$vpy" -m pip install --no-build-isolation --no-index --no-deps --no-cache-dir \
   --config-settings=build-dir="$build" --config-settings=cmake.define.FERRY_WERROR=ON \
   "$src") >"$work/pip-install.log" 2>&1 || { tail -n 60 "$work/pip-install.log"; fail "pip install"; }
 say "installed in $(($(date +%s) - t1)) s"
@@ -110,6 +112,8 @@ if __name__ == "__main__":
     assert ferry.__version__ == want, f"ferry.__version__ {ferry.__version__}, CMake's {want}"
     meta = importlib.metadata.version("ferry")
     assert meta == want, f"the package's metadata says {meta}, CMake's project() {want}"
+    requires = sorted(r.split(";")[0].strip() for r in importlib.metadata.requires("ferry"))
+    assert requires == ["cloudpickle", "torch"], f"the package requires {requires}"
     q = ferry.Queue()
     sent = torch.arange(12.0).reshape(3, 4)
     q.put(sent)
