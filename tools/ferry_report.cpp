@@ -14,6 +14,7 @@
 
 #include "ipc/cuda/gate.hpp"
 #include "ipc/units.hpp"
+#include "tools/progress_text.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -155,23 +156,23 @@ Progress::Progress(std::size_t total) : total_(total), tty_(::isatty(2) == 1) {}
 
 void Progress::update(std::size_t done, std::size_t failed) {
   const auto now = std::chrono::steady_clock::now();
-  const double rate = done / std::max(1e-9, Seconds(now - start_).count());
+  const double elapsed = Seconds(now - start_).count();
   if (tty_) {
     if (done != total_ && now - last_ < std::chrono::milliseconds(100)) return;
     last_ = now;
     const int width = 30;
     const int filled = total_ ? static_cast<int>(width * done / total_) : width;
-    std::fprintf(stderr, "\r[%s%s] %zu/%zu tasks, %zu failed, %.0f tasks/s ",
-                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
-                 total_, failed, rate);
+    // \x1b[K clears what a longer line before this one left at its end.
+    std::fprintf(stderr, "\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(),
+                 progress_text(done, total_, failed, elapsed).c_str());
     if (done == total_) std::fprintf(stderr, "\n");
-  } else {
-    const std::size_t tenth = total_ ? 10 * done / total_ : 10;
-    if (tenth == last_tenth_) return;
-    last_tenth_ = tenth;
-    std::fprintf(stderr, "ferry: %zu/%zu tasks (%zu%%), %zu failed, %.0f tasks/s\n", done, total_,
-                 tenth * 10, failed, rate);
+    return;
   }
+  if (!pipe_line_due(done, total_, last_tenth_, Seconds(now - last_).count())) return;
+  last_tenth_ = tenth_of(done, total_);
+  last_ = now;
+  std::fprintf(stderr, "ferry: %s\n", progress_text(done, total_, failed, elapsed).c_str());
 }
 
 void print_failures(const RunOutcome& r) {

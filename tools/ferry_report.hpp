@@ -35,17 +35,20 @@ struct RunOutcome {
   bool complete() const { return errors.empty() && broken.empty() && done == count; }
 };
 
-// Shows progress on a terminal as a bar redrawn in place, elsewhere as a line every 10%.
+// Shows progress on a terminal as a bar redrawn in place; elsewhere (a pipe, a log file) as a line
+// at each tenth of the tasks and at least every 10 s. The words are tools/progress_text.hpp's.
 class Progress {
  public:
   explicit Progress(std::size_t total);
+  // Called as each task ends and, while none does, about once a second.
   void update(std::size_t done, std::size_t failed);
 
  private:
   std::size_t total_;
   bool tty_;
   std::size_t last_tenth_ = 0;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_ = start_;
 };
 
 // The first five errors, a count of the rest, and why the pool broke, on stderr.

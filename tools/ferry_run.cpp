@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "tools/ferry_hosts.hpp"
 #include "tools/ferry_report.hpp"
 #include "tools/local_pool.hpp"
+#include "tools/progress_text.hpp"
 #include "tools/stop_signals.hpp"
 
 namespace ferry::tools {
@@ -92,7 +94,17 @@ RunOutcome stream(ferry::Pool& pool, const RunArgs& a, const Batches& batches) {
   Progress progress(r.count);
   try {
     auto results = pool.imap_unordered(a.task, r.count, [&](std::size_t i) { return batches(i); });
-    while (auto got = results.next()) {
+    for (;;) {
+      // Without --json, a wait of a second at most, so that progress shows while long tasks run.
+      std::optional<ferry::Pool::Result> got;
+      try {
+        got = results.next(a.json ? ferry::kForever : std::chrono::milliseconds(1000));
+      } catch (const ferry::Error& e) {
+        if (e.code() != ferry::Errc::timeout) throw;
+        progress.update(r.done, r.errors.size());
+        continue;
+      }
+      if (!got) break;
       ++r.done;
       r.latencies.push_back(std::chrono::duration<double>(got->latency).count());
       if (got->error) {
@@ -124,8 +136,19 @@ int run(const RunArgs& a) {
   const HostsHead hosts(a);
   o.remote = hosts.remote();
   std::optional<ferry::Pool> pool;
+  const auto started = std::chrono::steady_clock::now();
   start_pool(pool, o);
   require_task(*pool, a.task);
+  if (!a.json) {
+    std::vector<std::string> starts, devices;
+    for (const auto& w : pool->stats().workers) {
+      starts.push_back(w.start);
+      devices.push_back(w.device);
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::fprintf(stderr, "ferry: %s\n", ready_text(starts, devices, took).c_str());
+  }
   // SIGINT and SIGTERM close the pool: in-flight tasks are cancelled, workers stopped and
   // reaped, and the stream ends.
   const StopSignalThread signals([&] {

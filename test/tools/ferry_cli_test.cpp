@@ -406,8 +406,8 @@ TEST_CASE("ferry run --model FILE with a built-in task that takes none is refuse
   const Ran r = run(dir, "run --task mlp --model net.pt --batches 2");
   INFO(r.out << r.err);
   CHECK(r.code == 2);
-  CHECK_THAT(r.err, Catch::Contains("--model 'net.pt'") &&
-                        Catch::Contains("'mlp', which takes no model"));
+  CHECK_THAT(r.err,
+             Catch::Contains("--model 'net.pt'") && Catch::Contains("'mlp', which takes no model"));
 }
 
 TEST_CASE("ferry run --model that is not TorchScript is refused up front, naming the file, exit 2",
@@ -422,18 +422,39 @@ open(d + '/notes.txt', 'w').write('not a model')
   const Ran sd = run(dir, "run --model " + (dir / "weights.pt") + " --batches 4 --workers 1");
   INFO(sd.out << sd.err);
   CHECK(sd.code == 2);
-  CHECK_THAT(sd.err, Catch::Contains("--model '" + (dir / "weights.pt") + "' is a file of "
+  CHECK_THAT(sd.err, Catch::Contains("--model '" + (dir / "weights.pt") +
+                                     "' is a file of "
                                      "torch.save") &&
                          Catch::Contains("torch.jit.save") && !Catch::Contains("frame #"));
   CHECK(std::count(sd.err.begin(), sd.err.end(), '\n') == 1);  // one line, before any worker
   CHECK_THAT(sd.out, !Catch::Contains("worker"));
-  const Ran txt = run(dir, "run --task torchscript --model " + (dir / "notes.txt") +
-                               " --batches 4 --workers 1");
+  const Ran txt = run(
+      dir, "run --task torchscript --model " + (dir / "notes.txt") + " --batches 4 --workers 1");
   INFO(txt.out << txt.err);
   CHECK(txt.code == 2);
-  CHECK_THAT(txt.err, Catch::Contains("'" + (dir / "notes.txt") + "' is neither a TorchScript "
+  CHECK_THAT(txt.err, Catch::Contains("'" + (dir / "notes.txt") +
+                                      "' is neither a TorchScript "
                                       "module nor a file of torch.save") &&
                           !Catch::Contains("frame #"));
+}
+
+TEST_CASE(
+    "ferry run on a pipe says when its workers are ready, and shows progress while a long "
+    "task runs") {
+  TempDir dir;
+  // One task that runs until --timeout-ms kills it, 12 s in: the 10 s line must come first.
+  const Ran r = run(dir,
+                    "run --task hang --workers 1 --batches 1 --retries 0 --timeout-ms 12000 "
+                    "--worker " +
+                        std::string(FERRY_TEST_WORKER));
+  INFO(r.out << r.err);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("ferry: 1 worker ready (spawn: cpu) in "));
+  const auto waiting = r.err.find("ferry: 0/1 tasks (0%), 0 failed, 1");
+  const auto ended = r.err.find("ferry: 1/1 tasks (100%), 1 failed, ");
+  CHECK(waiting != std::string::npos);
+  CHECK(ended != std::string::npos);
+  CHECK(waiting < ended);
 }
 
 TEST_CASE("when its workers keep failing to start, ferry run ends with exit 3 and names them") {
