@@ -225,8 +225,9 @@ void check_model(const std::string& path) {
       ferry::log().debug("reading '{}' as a zip archive: {}", path, e.what());
     }
   } else if (f.gcount() >= 1 && static_cast<unsigned char>(head[0]) == 0x80) {
-    what = "a pickle (torch.save's format before PyTorch 1.6, or pickle.dump's), not a "
-           "TorchScript module";
+    what =
+        "a pickle (torch.save's format before PyTorch 1.6, or pickle.dump's), not a "
+        "TorchScript module";
   }
   throw BadInput("--model '" + path + "' is " + what +
                  ": save the model with torch.jit.save(torch.jit.script(model), FILE)");

@@ -6,7 +6,8 @@ RunChoice choose_run(const RunFlags& f) {
   RunChoice c{f.task, f.start, ""};
   if (!f.worker.empty()) {
     if (f.start == "fork") {
-      c.error = "--worker '" + f.worker + "' is a program of its own, and a forked worker is a "
+      c.error = "--worker '" + f.worker +
+                "' is a program of its own, and a forked worker is a "
                 "copy of this one, without its tasks: drop --start fork (with --worker, workers "
                 "are spawned)";
       return c;

@@ -9,11 +9,11 @@
 namespace ferry::tools {
 
 struct RunFlags {
-  std::string task;        // --task, or its default
-  bool task_given = false; // whether --task was on the command line
-  std::string model;       // --model, "" when not given
-  std::string worker;      // --worker, "" when not given
-  std::string start;       // --start: auto, fork or spawn
+  std::string task;         // --task, or its default
+  bool task_given = false;  // whether --task was on the command line
+  std::string model;        // --model, "" when not given
+  std::string worker;       // --worker, "" when not given
+  std::string start;        // --start: auto, fork or spawn
 };
 
 struct RunChoice {

@@ -7,7 +7,9 @@ using ferry::tools::choose_run;
 using ferry::tools::RunFlags;
 
 namespace {
-RunFlags defaults() { return RunFlags{"mlp", false, "", "", "auto"}; }
+RunFlags defaults() {
+  return RunFlags{"mlp", false, "", "", "auto"};
+}
 }  // namespace
 
 TEST_CASE("run choice: no flags keep the defaults", "[tools]") {
