@@ -203,9 +203,7 @@ void check_model(const std::string& path) {
   try {
     torch::jit::load(path, at::kCPU);
     return;
-  } catch (const c10::Error& e) {
-    ferry::log().debug("torch::jit::load('{}'): {}", path, e.what());
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // c10::Error too; its backtrace is for FERRY_LOG=debug
     ferry::log().debug("torch::jit::load('{}'): {}", path, e.what());
   }
   // Not TorchScript: say what it is instead, from its first bytes and, for a zip archive (what

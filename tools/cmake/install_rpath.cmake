@@ -65,14 +65,11 @@ list(REMOVE_DUPLICATES FERRY_DEPENDENCY_RPATH)
 # relative path, so the environment may move; the absolute folder stays as the fallback, for a
 # torch elsewhere (a venv made with --system-site-packages).
 set(_wheel_torch_lib "")
-if(SKBUILD AND FERRY_PYTHON_EXECUTABLE)
-  execute_process(COMMAND "${FERRY_PYTHON_EXECUTABLE}" -c
-    "import sysconfig; print(sysconfig.get_path('platlib'))"
-    OUTPUT_VARIABLE _platlib OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc)
+if(FERRY_WHEEL_PLATLIB)
   get_filename_component(_torch_lib_real "${TORCH_INSTALL_PREFIX}/lib" REALPATH)
-  get_filename_component(_platlib_real "${_platlib}" REALPATH)
+  get_filename_component(_platlib_real "${FERRY_WHEEL_PLATLIB}" REALPATH)
   string(FIND "${_torch_lib_real}" "${_platlib_real}/" _at)
-  if(_rc EQUAL 0 AND _platlib AND _at EQUAL 0)
+  if(_at EQUAL 0)
     file(RELATIVE_PATH _wheel_torch_lib "${_platlib_real}" "${_torch_lib_real}")
   endif()
 endif()

@@ -18,10 +18,11 @@ if(NOT Python_EXECUTABLE)
     "(pip install --no-build-isolation .), which names the Python it is for")
 endif()
 set(_probe [=[
-import torch, torch.utils
+import sysconfig, torch, torch.utils
 print(torch.__version__)
 print(torch.version.cuda or "")
 print(torch.utils.cmake_prefix_path)
+print(sysconfig.get_path("platlib"))
 ]=])
 execute_process(COMMAND "${Python_EXECUTABLE}" -c "${_probe}" RESULT_VARIABLE _rc
   OUTPUT_VARIABLE _out ERROR_VARIABLE _err OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -36,6 +37,7 @@ string(REPLACE "\n" ";" _out "${_out}")
 list(GET _out 0 FERRY_WHEEL_TORCH_VERSION)
 list(GET _out 1 FERRY_WHEEL_TORCH_CUDA)
 list(GET _out 2 _torch_cmake_prefix)
+list(GET _out 3 FERRY_WHEEL_PLATLIB)  # where the wheel goes: a torch there is reached relatively
 if(FERRY_WHEEL_TORCH_CUDA)
   set(_with " with CUDA ${FERRY_WHEEL_TORCH_CUDA}")
 else()
