@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include "ipc/allocation_policy.hpp"
 #include "ipc/env.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
@@ -136,7 +137,7 @@ bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
 }
 
 void Arena::grow_locked(std::size_t at_least) {
-  const std::size_t size = std::max(options_.segment_size, round_up(at_least, kLargeAlign));
+  const std::size_t size = growth_for(at_least, options_.segment_size);
   auto seg = Segment::create(
       size, options_.dir.empty() ? default_segment_place() : SegmentPlace::in_dir(options_.dir));
   segments_.push_back(seg);
@@ -146,11 +147,16 @@ void Arena::grow_locked(std::size_t at_least) {
   insert_free_locked(seq, 0, size);
   stats_.segments += 1;
   stats_.bytes_reserved += size;
+  reserved_.store(stats_.bytes_reserved, std::memory_order_relaxed);
   log().debug("arena grew to {} segments, {}", stats_.segments,
               format_bytes(stats_.bytes_reserved));
 }
 
 Arena::Block Arena::allocate(std::size_t bytes) {
+  return *try_allocate(bytes, true);
+}
+
+std::optional<Arena::Block> Arena::try_allocate(std::size_t bytes, bool may_grow) {
   const std::size_t align = bytes >= kLargeBlock ? kLargeAlign : kSmallAlign;
   const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), align);
   if (size < bytes) {
@@ -163,15 +169,16 @@ Arena::Block Arena::allocate(std::size_t bytes) {
     if (take_locked(size, align, &b)) return b;
     ledger = ledger_.get();
   }
-  // Before growing, take back what receivers have finished with or lost by dying. This runs
-  // without the arena lock: ending leases frees blocks, which takes it.
-  if (ledger) ledger->reclaim(true);
+  // Before growing, take back what receivers have finished with or lost by dying; without
+  // growing, only what they released (no syscall when nothing was). This runs without the arena
+  // lock: ending leases frees blocks, which takes it.
+  if (ledger && (may_grow || ledger->has_releases())) ledger->reclaim(may_grow);
   std::lock_guard<std::mutex> lock(mu_);
+  if (take_locked(size, align, &b)) return b;
+  if (!may_grow) return std::nullopt;
+  grow_locked(size);
   if (!take_locked(size, align, &b)) {
-    grow_locked(size);
-    if (!take_locked(size, align, &b)) {
-      throw Error(Errc::system, "arena: a fresh segment could not hold " + format_bytes(size));
-    }
+    throw Error(Errc::system, "arena: a fresh segment could not hold " + format_bytes(size));
   }
   return b;
 }

@@ -11,11 +11,13 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,9 @@ class Arena {
   // A block of at least `bytes`. Before growing, takes back leases receivers ended. Throws
   // Error(shm_exhausted) when the shm filesystem cannot hold another segment.
   Block allocate(std::size_t bytes);
+  // The same without growing when `may_grow` is false: empty when no free block fits, even after
+  // taking back ended leases. With may_grow, throws as allocate() does.
+  std::optional<Block> try_allocate(std::size_t bytes, bool may_grow);
   // Returns a block; a no-op in any process but the one that allocated it.
   void free(const Block& block) noexcept;
 
@@ -61,6 +66,11 @@ class Arena {
   Ledger& ledger();           // created (and published as segment 0) on first use
   Ledger* existing_ledger();  // null until something was sent
   Stats stats() const;
+  // The segments' total size, read without the lock (a moment old at worst).
+  std::uint64_t bytes_reserved() const noexcept {
+    return reserved_.load(std::memory_order_relaxed);
+  }
+  std::size_t segment_size() const noexcept { return options_.segment_size; }
   pid_t pid() const noexcept { return pid_; }
 
   Arena(const Arena&) = delete;
@@ -82,6 +92,7 @@ class Arena {
   std::vector<std::map<std::uint64_t, std::uint64_t>> free_by_offset_;  // per segment
   std::multimap<std::uint64_t, Free> free_by_size_;
   Stats stats_;
+  std::atomic<std::uint64_t> reserved_{0};
   std::unique_ptr<Ledger> ledger_;
 };
 

@@ -103,6 +103,10 @@ TransportStats transport_stats() noexcept {
   s.bytes_copied_on_receipt = ld(c.bytes_copied_on_receipt);
   s.storages_relocated = ld(c.storages_relocated);
   s.bytes_relocated = ld(c.bytes_relocated);
+  s.shared_allocations = ld(c.shared_allocations);
+  s.bytes_shared_allocations = ld(c.bytes_shared_allocations);
+  s.shared_allocation_fallbacks = ld(c.shared_allocation_fallbacks);
+  s.bytes_shared_allocation_fallbacks = ld(c.bytes_shared_allocation_fallbacks);
   s.segments_created = ld(c.segments_created);
   s.segments_mapped = ld(c.segments_mapped);
   s.fds_fetched = ld(c.fds_fetched);

@@ -47,6 +47,11 @@ struct TransportStats {
   std::uint64_t tensors_copied_on_receipt = 0, bytes_copied_on_receipt = 0;
   // Received storages moved into this process's memory because their sender exited.
   std::uint64_t storages_relocated = 0, bytes_relocated = 0;
+  // CPU allocations made while shared allocations were on (runtime/shared_allocations.hpp) that
+  // were born in the arena, and those that fell back to LibTorch's allocator because the arena
+  // was full (FERRY_SHARED_ALLOCATIONS_MAX, or no room for another segment).
+  std::uint64_t shared_allocations = 0, bytes_shared_allocations = 0;
+  std::uint64_t shared_allocation_fallbacks = 0, bytes_shared_allocation_fallbacks = 0;
   std::uint64_t segments_created = 0;  // shm segments this process made (arena growth, ledgers)
   std::uint64_t segments_mapped = 0;   // peers' segments mapped here (each at most once)
   std::uint64_t fds_fetched = 0;       // segment fds received by SCM_RIGHTS
@@ -117,6 +122,8 @@ struct StatCounters {
   std::atomic<std::uint64_t> tensors_received{0}, bytes_received{0};
   std::atomic<std::uint64_t> tensors_copied_on_receipt{0}, bytes_copied_on_receipt{0};
   std::atomic<std::uint64_t> storages_relocated{0}, bytes_relocated{0};
+  std::atomic<std::uint64_t> shared_allocations{0}, bytes_shared_allocations{0};
+  std::atomic<std::uint64_t> shared_allocation_fallbacks{0}, bytes_shared_allocation_fallbacks{0};
   std::atomic<std::uint64_t> segments_created{0}, segments_mapped{0}, fds_fetched{0};
   std::atomic<std::uint64_t> leases_reclaimed{0};
   std::atomic<std::uint64_t> cuda_tensors_zero_copy{0}, cuda_bytes_zero_copy{0};
