@@ -208,6 +208,7 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>(checked(std::move(o
   spec.executable = o.worker_executable;
   spec.args = o.worker_args;
   spec.threads = o.threads_per_worker;
+  spec.shared_allocations = o.shared_allocations;
   const std::size_t depth = o.max_inflight_per_worker > 0
                                 ? static_cast<std::size_t>(o.max_inflight_per_worker)
                                 : supervisor::QueueDepth::kMaxDepth;

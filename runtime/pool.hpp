@@ -71,7 +71,12 @@ struct PoolOptions {
   std::chrono::milliseconds stop_timeout{5000};  // workers' exit after close, then SIGKILL
   std::chrono::milliseconds drain_timeout{std::chrono::minutes(10)};  // Drain's wait, then Cancel
   Shutdown shutdown = Shutdown::Drain;                                // the destructor's policy
-  int threads_per_worker = 0;     // intra-op threads in each worker; 0: cores / workers, >= 1
+  int threads_per_worker = 0;  // intra-op threads in each worker; 0: cores / workers, >= 1
+  // Tensors a task makes (its results above all) are born in the worker's shared memory, so they
+  // come back without a copy (runtime/shared_allocations.hpp). Off: results are copied when sent,
+  // which a task that keeps writing a tensor after returning it needs (a buffer reused across
+  // tasks), since the caller would see those writes.
+  bool shared_allocations = true;
   std::string worker_executable;  // for spawn; empty: find_worker_executable("")
   // For spawn: arguments before --ferry-control-fd N, so an interpreter can be the executable
   // (the Python package starts `python -c ...` workers this way).

@@ -37,6 +37,8 @@ Hello hello_from(const json& j) {
   h.worker_id = j.at("worker_id").get<int>();
   h.device = j.at("device").get<std::string>();
   h.threads = j.at("threads").get<int>();
+  // value(), not at(): a hello of an older version must reach the version check, which names it.
+  h.shared_allocations = j.value("shared_allocations", false);
   h.config = j.at("config").get<std::map<std::string, std::string>>();
   h.shared = j.at("shared").get<std::vector<std::string>>();
   return h;
@@ -70,7 +72,7 @@ std::string encode(const Hello& h) {
   return json{{"version", h.version},     {"supervisor_pid", h.supervisor_pid},
               {"worker_id", h.worker_id}, {"device", h.device},
               {"threads", h.threads},     {"config", h.config},
-              {"shared", h.shared}}
+              {"shared", h.shared},       {"shared_allocations", h.shared_allocations}}
       .dump();
 }
 

@@ -20,8 +20,9 @@
 
 namespace ferry::protocol {
 
-// Bumped whenever any message below changes shape or meaning (3: a failure's detail).
-inline constexpr int kVersion = 3;
+// Bumped whenever any message below changes shape or meaning (3: a failure's detail; 4: the
+// hello's shared_allocations).
+inline constexpr int kVersion = 4;
 // Tensors one task may take or return (the queues are sized so in-flight work always fits).
 inline constexpr std::size_t kMaxTensorsPerTask = 64;
 
@@ -29,8 +30,9 @@ struct Hello {
   int version = kVersion;
   pid_t supervisor_pid = 0;
   int worker_id = 0;
-  std::string device;  // "cpu", "cuda:1"
-  int threads = 1;     // intra-op threads the worker should use
+  std::string device;              // "cpu", "cuda:1"
+  int threads = 1;                 // intra-op threads the worker should use
+  bool shared_allocations = true;  // PoolOptions::shared_allocations
   std::map<std::string, std::string> config;
   // PoolOptions::shared, by name: its tensors are the first messages on the task queue, in this
   // order, kMaxTensorsPerTask to a message (shared_messages() of them).

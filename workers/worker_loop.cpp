@@ -21,6 +21,7 @@
 #include "ipc/cuda/gate.hpp"
 #include "ipc/env.hpp"
 #include "ipc/log.hpp"
+#include "runtime/shared_allocations.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/worker_launch.hpp"
 #include "runtime/worker_protocol.hpp"
@@ -230,6 +231,11 @@ int serve_tasks(int control) {
     return refuse(control, welcome, p);
   }
   at::set_num_threads(std::max(1, hello.threads));
+  try {
+    set_shared_allocations(hello.shared_allocations);
+  } catch (const Error& e) {
+    return refuse(control, welcome, e.detail());
+  }
   TensorQueue tasks = TensorQueue::attach(m.fds[0].get());
   TensorQueue results = TensorQueue::attach(m.fds[1].get());
   m.fds.clear();

@@ -88,6 +88,7 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
     hello.worker_id = id_;
     hello.device = device_;
     hello.threads = spec.threads;
+    hello.shared_allocations = spec.shared_allocations;
     hello.config = spec.config;
     for (const auto& [name, t] : spec.shared) hello.shared.push_back(name);
     send_shared(spec.shared);

@@ -43,6 +43,7 @@ struct LaunchSpec {
   std::string executable;         // for spawn
   std::vector<std::string> args;  // for spawn, before --ferry-control-fd N
   int threads = 1;
+  bool shared_allocations = true;
   std::uint32_t queue_capacity = 0;  // tensors in each of a worker's two queues
   std::chrono::milliseconds start_timeout{30000};
   std::map<std::string, std::string> config;

@@ -2,7 +2,11 @@
 
 #include <c10/util/strides.h>
 
+#include <pthread.h>
+
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "ipc/ledger.hpp"
 #include "ipc/process.hpp"
@@ -39,7 +43,56 @@ void received_deleter(void* ctx) {
   delete c;
 }
 
+// Born-shared blocks by address: their DataPtr's context is the address itself.
+struct BornShared {
+  std::mutex mu;
+  std::unordered_map<const void*, std::shared_ptr<BlockHandle>> blocks;
+};
+BornShared& born_shared() {
+  static auto* b = new BornShared;  // never destroyed: tensors may die after static destructors
+  return *b;
+}
+// A forked child finds the table unlocked, whichever thread held it at the fork.
+[[maybe_unused]] const int g_born_shared_atfork =
+    pthread_atfork([] { born_shared().mu.lock(); }, [] { born_shared().mu.unlock(); },
+                   [] { born_shared().mu.unlock(); });
+
+std::shared_ptr<BlockHandle> born_shared_block(const void* data) {
+  BornShared& b = born_shared();
+  std::lock_guard<std::mutex> lock(b.mu);
+  auto it = b.blocks.find(data);
+  return it == b.blocks.end() ? nullptr : it->second;
+}
+
+void born_shared_deleter(void* data) {
+  release_born_shared(data);
+}
+
 }  // namespace
+
+c10::DataPtr born_shared_data_ptr(Arena& arena, Arena::Block block) {
+  auto handle = std::make_shared<BlockHandle>(&arena, block);
+  void* data = block.data;
+  {
+    BornShared& b = born_shared();
+    std::lock_guard<std::mutex> lock(b.mu);
+    b.blocks[data] = std::move(handle);
+  }
+  return c10::DataPtr(data, data, &born_shared_deleter, c10::Device(c10::kCPU));
+}
+
+bool release_born_shared(void* data) noexcept {
+  std::shared_ptr<BlockHandle> handle;
+  {
+    BornShared& b = born_shared();
+    std::lock_guard<std::mutex> lock(b.mu);
+    auto it = b.blocks.find(data);
+    if (it == b.blocks.end()) return false;
+    handle = std::move(it->second);
+    b.blocks.erase(it);
+  }
+  return true;  // the block goes back to the arena here, outside the table's lock, unless leased
+}
 
 c10::DataPtr arena_data_ptr(Arena& arena, std::size_t nbytes) {
   // Built in place: a temporary BlockHandle would free the block in its destructor.
@@ -76,13 +129,19 @@ at::Tensor copy_to_arena(Arena& arena, const at::Tensor& t) {
 std::shared_ptr<BlockHandle> arena_block_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;
   const c10::DataPtr& dp = t.storage().data_ptr();
-  if (dp.get_deleter() != &owned_deleter) return nullptr;
-  auto& handle = static_cast<OwnedContext*>(dp.get_context())->handle;
-  return handle->arena->pid() == current_pid() ? handle : nullptr;
+  std::shared_ptr<BlockHandle> handle;
+  if (dp.get_deleter() == &owned_deleter) {
+    handle = static_cast<OwnedContext*>(dp.get_context())->handle;
+  } else if (dp.get_deleter() == &born_shared_deleter) {
+    handle = born_shared_block(dp.get());
+  }
+  return handle && handle->arena->pid() == current_pid() ? handle : nullptr;
 }
 
 bool in_an_arena(const at::Tensor& t) {
-  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &owned_deleter;
+  if (!t.defined() || !t.has_storage()) return false;
+  const auto deleter = t.storage().data_ptr().get_deleter();
+  return deleter == &owned_deleter || deleter == &born_shared_deleter;
 }
 
 at::Tensor received_view(const wire::Record& r, std::shared_ptr<Segment> data,
@@ -103,7 +162,8 @@ bool is_received(const at::Tensor& t) {
 bool in_shared_memory(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return false;
   const auto deleter = t.storage().data_ptr().get_deleter();
-  return deleter == &owned_deleter || deleter == &received_deleter;
+  return deleter == &owned_deleter || deleter == &born_shared_deleter ||
+         deleter == &received_deleter;
 }
 
 std::uint64_t received_owner(const c10::DataPtr& data) {

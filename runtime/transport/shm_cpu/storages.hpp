@@ -35,6 +35,13 @@ struct BlockHandle {
 // A fresh block of `arena` of `nbytes`, as the DataPtr that owns it.
 c10::DataPtr arena_data_ptr(Arena& arena, std::size_t nbytes);
 
+// A block of `arena` as a DataPtr whose context is its own address, as LibTorch's raw allocator
+// interface requires (shared allocations hand these out as LibTorch's CPU allocator): the block is
+// found again by address, by arena_block_of() and by release_born_shared().
+c10::DataPtr born_shared_data_ptr(Arena& arena, Arena::Block block);
+// Lets go of the born-shared block at `data`; false when `data` is not one.
+bool release_born_shared(void* data) noexcept;
+
 // A CPU tensor of the given layout whose storage is a fresh block of `arena`.
 at::Tensor allocate_in_arena(Arena& arena, at::IntArrayRef sizes, at::IntArrayRef strides,
                              at::ScalarType dtype, std::size_t storage_bytes);
