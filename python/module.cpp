@@ -6,6 +6,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include <optional>
+
 #include "ipc/diag/shm_check.hpp"
 #include "ipc/version.hpp"
 #include "python/errors.hpp"
@@ -18,10 +20,22 @@
 #include "python/storages.hpp"
 #include "python/worker.hpp"
 #include "runtime/fork_threads.hpp"
+#include "runtime/shared_allocations.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
 
 namespace py = pybind11;
+
+namespace {
+
+// ferry.shared_allocations(on) for `with`: the C++ scope is thread-local, as is the thread that
+// runs the with-block.
+struct Scope {
+  bool on;
+  std::optional<ferry::SharedAllocations> scope;
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ferry's extension: zero-copy tensors between processes (use the ferry package)";
@@ -43,6 +57,30 @@ PYBIND11_MODULE(_C, m) {
       py::arg("sizes"), py::arg("like"), "an uninitialised tensor in this process's arena");
   m.def("share_", &ferry::share_, py::arg("t"), "moves t's storage into the arena in place");
   m.def("is_shared", &ferry::is_shared, py::arg("t"), "t's storage is a block of this arena");
+  m.def("set_shared_allocations", &ferry::set_shared_allocations, py::arg("on"),
+        "the process's setting: CPU tensors LibTorch allocates are born in the arena");
+  m.def("shared_allocations_on", &ferry::shared_allocations,
+        "whether this thread's allocations are born shared now");
+  m.def("shared_allocation_threshold", &ferry::shared_allocation_threshold,
+        "allocations below this many bytes stay with LibTorch's allocator");
+  py::class_<Scope>(m, "SharedAllocations")
+      .def(py::init([](bool on) {
+             return new Scope{on, std::nullopt};
+           }),
+           py::arg("on") = true)
+      .def("__enter__",
+           [](Scope& s) -> Scope& {
+             if (s.scope) {
+               throw ferry::Error(ferry::Errc::invalid_argument,
+                                  "ferry.shared_allocations() entered twice; make one per with");
+             }
+             s.scope.emplace(s.on);
+             return s;
+           })
+      .def("__exit__", [](Scope& s, py::args) {
+        s.scope.reset();
+        return false;
+      });
   m.def("after_fork_in_child", &ferry::after_fork_in_child,
         "in a forked child: LibTorch's intra-op threads to FERRY_FORK_THREADS (default 1)");
   m.def(

@@ -109,7 +109,7 @@ void bind_pool(py::module_& m) {
            }),
            "PoolOptions(devices=[...], executable=..., args=[...], config={...}, retries=2, "
            "maxtasks_inflight=0, task_timeout=None, start_timeout=30.0, stop_timeout=5.0, "
-           "threads_per_worker=0)")
+           "threads_per_worker=0, shared_allocations=True)")
       .def_readwrite("devices", &PoolOptions::devices, "one worker per entry: 'cpu', 'cuda:N'")
       .def_readwrite("executable", &PoolOptions::worker_executable, "what a worker runs")
       .def_readwrite("args", &PoolOptions::worker_args, "its arguments before the control fd")
@@ -161,7 +161,9 @@ void bind_pool(py::module_& m) {
                                             "give 1 or more intra-op threads, or 0 for the "
                                             "cores divided among the workers");
           },
-          "intra-op threads in each worker; 0: cores / workers");
+          "intra-op threads in each worker; 0: cores / workers")
+      .def_readwrite("shared_allocations", &PoolOptions::shared_allocations,
+                     "tensors the workers make are born in shared memory");
 
   py::class_<Future>(m, "Future")
       .def("wait", &Future::wait, py::arg("timeout") = py::none(),

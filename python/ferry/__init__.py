@@ -56,6 +56,7 @@ __all__ = [
     # ferry's own
     "Queue", "SimpleQueue", "JoinableQueue", "get_context", "Pool", "AsyncResult",
     "IMapIterator", "serve_host", "empty", "zeros", "share_", "is_shared", "share_module",
+    "shared_allocations", "set_shared_allocations", "shared_allocation_threshold",
     "share_optimizer", "shared", "stats", "check_shm", "worker_info", "WorkerInfo", "Error",
     "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown", "TaskError", "Timeout",
     "WorkerLost",
@@ -94,6 +95,33 @@ def zeros(*size, dtype=None, requires_grad=False):
 def is_shared(t):
     """True when t's storage lives in this process's ferry arena (it is sent zero-copy)."""
     return _C.is_shared(t)
+
+
+def shared_allocations(on=True):
+    """For a with-block: CPU tensors that torch allocates in this thread (of at least
+    shared_allocation_threshold() bytes: a model's output, a fresh torch.empty) are born in
+    ferry's shared memory, so sending them copies nothing. Like torch.no_grad(), it applies to
+    the thread that enters it, and blocks nest; shared_allocations(False) turns it off inside.
+    It is on already in a Pool's workers and in the processes of ferry.get_context() (so in
+    DataLoader workers of that context). A tensor born shared is sent as ferry.empty's are: the
+    receiver sees the sender's memory, so a write after the send shows there (as under
+    torch.multiprocessing). When the arena may not grow any more (FERRY_SHARED_ALLOCATIONS_MAX,
+    default 2 GiB) or there is no room for it, a tensor comes from torch's allocator instead:
+    nothing fails, and stats()["shared_allocation_fallbacks"] counts it."""
+    return _C.SharedAllocations(bool(on))
+
+
+def set_shared_allocations(on):
+    """Sets the process's default for shared_allocations(): every thread outside a with-block
+    follows it. Off until turned on, except in a Pool's workers and ferry's context's processes;
+    a forked child starts with it off."""
+    _C.set_shared_allocations(bool(on))
+
+
+def shared_allocation_threshold():
+    """Bytes from which an allocation is born shared: the line under which a received tensor is
+    copied anyway (FERRY_COPY_ON_RECEIPT_BELOW, 64 KiB by default)."""
+    return _C.shared_allocation_threshold()
 
 
 def stats():

@@ -204,6 +204,9 @@ def _start_worker(cuda):
     if not cuda:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     _collate_into_arena()
+    # What the process makes (a dataset's samples, a batch collated outside default_collate) is
+    # born in shared memory, so the result queue sends it without a copy.
+    _C.set_shared_allocations(True)
 
 
 def _arena_untyped(nbytes):

@@ -268,7 +268,8 @@ class Pool:
     """Worker processes that run Python calls, on a device list.
 
     Pool(processes=None, initializer=None, initargs=(), *, devices=None, retries=2,
-         maxtasks_inflight=None, task_timeout=None, start_timeout=60, threads_per_worker=0)
+         maxtasks_inflight=None, task_timeout=None, start_timeout=60, threads_per_worker=0,
+         shared_allocations=True)
 
     One worker per entry of `devices` (e.g. ["cuda:0", "cuda:1", "cpu"]), else `processes` CPU
     workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
@@ -281,6 +282,11 @@ class Pool:
     multiprocessing: what the initializer sets in a global, the tasks see. Queues (ferry's and
     multiprocessing's), locks, events, values and manager proxies may be given to tasks, the
     initializer and `shared`.
+
+    The tensors a task makes are born in its worker's shared memory (ferry.shared_allocations),
+    so its results come back without a copy. A task that writes a tensor after returning it (a
+    buffer reused across tasks) shows those writes to the caller, as torch.multiprocessing's pool
+    does; give it shared_allocations=False (results are then copied when sent) or return a clone.
 
     `shared` ({name: object}) is held by every worker, and every restarted one, for its whole
     life: its tensors are this process's memory itself, never a copy (a module and its
@@ -299,7 +305,7 @@ class Pool:
                  *, devices=None, retries=2, maxtasks_inflight=None, task_timeout=None,
                  start_timeout=60.0, threads_per_worker=0, shared=None, listen=None,
                  secret_file=None, wait_hosts=0, join_timeout=10.0, heartbeat=0.5,
-                 lost_after=5.0):
+                 lost_after=5.0, shared_allocations=True):
         if maxtasksperchild is not None:
             raise ValueError("maxtasksperchild is not supported: ferry's workers hold no state "
                              "between tasks but what the task keeps; leave it None")
@@ -344,7 +350,8 @@ class Pool:
                                  config=config, retries=retries,
                                  maxtasks_inflight=maxtasks_inflight or 0,
                                  task_timeout=task_timeout, start_timeout=start_timeout,
-                                 threads_per_worker=threads_per_worker)
+                                 threads_per_worker=threads_per_worker,
+                                 shared_allocations=bool(shared_allocations))
         self._pool = _C.Pool(options, shared_bases, self._hub)
         self._state = "run"
         if wait_hosts and not self._hub.wait_for_hosts(int(wait_hosts), float(join_timeout)):
