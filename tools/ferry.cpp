@@ -5,12 +5,15 @@
 // input; 3 the pool could not start or broke; 128+N interrupted by signal N (SIGINT 130,
 // SIGTERM 143) after a clean shutdown.
 //
-// This file is the command line's shape; what it reads is in ferry_inputs, what `ferry run` does
-// in ferry_run, what it reports in ferry_report, and the parts across hosts in ferry_hosts.
+// This file is the command line's shape; what it reads is in ferry_inputs (--input's tensors in
+// task_inputs), what `ferry run` does in ferry_run, what it reports in ferry_report, and the parts
+// across hosts in ferry_hosts.
+#include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
+#include "ipc/log.hpp"
 #include "ipc/version.hpp"
 #include "tools/ferry_hosts.hpp"
 #include "tools/ferry_inputs.hpp"
@@ -42,6 +45,10 @@ int main(int argc, char** argv) {
     return kBadInput;
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());  // already "ferry: <code>: ..."
+    return kBroken;
+  } catch (const c10::Error& e) {  // LibTorch's backtrace is for FERRY_LOG=debug
+    ferry::log().debug("{}", e.what());
+    std::fprintf(stderr, "ferry: %s\n", e.what_without_backtrace());
     return kBroken;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: %s\n", e.what());

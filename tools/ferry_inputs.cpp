@@ -10,13 +10,13 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <thread>
 
 #include "ipc/cuda/visible_gpus.hpp"
 #include "ipc/log.hpp"
 #include "tools/run_choice.hpp"
+#include "tools/task_inputs.hpp"
 #include "workers/task_registry.hpp"
 
 namespace ferry::tools {
@@ -120,8 +120,7 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a) {
                        "; with --model alone: torchscript); a custom worker (--worker) may "
                        "register more")
       ->each([&a](const std::string&) { a.task_given = true; });
-  run_cmd->add_option("--input", a.input,
-                      "tensors saved by torch.save([t0, t1, ...]); each is one task's input");
+  run_cmd->add_option("--input", a.input, std::string("a file of torch.save: ") + kInputShapes);
   run_cmd->add_option("--output", a.output,
                       "write the results, in input order, for Python's torch.load");
   run_cmd->add_option("--batches", a.batches, "synthetic batches when there is no --input")
@@ -229,38 +228,6 @@ void check_model(const std::string& path) {
   }
   throw BadInput("--model '" + path + "' is " + what +
                  ": save the model with torch.jit.save(torch.jit.script(model), FILE)");
-}
-
-std::vector<at::Tensor> load_tensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw BadInput("cannot read --input '" + path + "': " + std::strerror(errno));
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
-  torch::jit::IValue v;
-  try {
-    v = torch::jit::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    throw BadInput("--input '" + path + "' is not a file written by torch.save: " +
-                   std::string(e.what()).substr(0, 200));
-  }
-  std::vector<at::Tensor> out;
-  auto take = [&](const torch::jit::IValue& x) {
-    if (!x.isTensor()) {
-      throw BadInput("--input '" + path + "' holds a " + x.tagKind() +
-                     " where a tensor should be; save a list or tuple of tensors");
-    }
-    out.push_back(x.toTensor());
-  };
-  if (v.isList()) {
-    for (const auto& x : v.toListRef()) take(x);
-  } else if (v.isTuple()) {
-    for (const auto& x : v.toTuple()->elements()) take(x);
-  } else if (v.isTensor()) {
-    out.push_back(v.toTensor());
-  } else {
-    throw BadInput("--input '" + path + "' holds a " + v.tagKind() +
-                   "; save a list or tuple of tensors with torch.save");
-  }
-  return out;
 }
 
 }  // namespace ferry::tools

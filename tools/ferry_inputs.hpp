@@ -1,5 +1,6 @@
-// What a user gives `ferry run` and `ferry host`: the command line, the tensors of --input, and
-// the pool's options made from them. A problem with any of it is a BadInput (exit code 2).
+// What a user gives `ferry run` and `ferry host`: the command line, and the pool's options made
+// from it (the tensors of --input are tools/task_inputs.hpp's). A problem with any of it is a
+// BadInput (exit code 2).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -60,8 +61,5 @@ ferry::PoolOptions pool_options(const RunArgs& a);
 // Loads --model as the torchscript task will, once, before any worker starts: a file that is not
 // TorchScript is a BadInput naming it and saying what it is instead (a torch.save file, say).
 void check_model(const std::string& path);
-
-// Tensors saved from Python with torch.save([t0, t1, ...]) (a list or tuple of tensors).
-std::vector<at::Tensor> load_tensors(const std::string& path);
 
 }  // namespace ferry::tools

@@ -20,6 +20,7 @@
 #include "tools/local_pool.hpp"
 #include "tools/progress_text.hpp"
 #include "tools/stop_signals.hpp"
+#include "tools/task_inputs.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -42,7 +43,7 @@ std::optional<at::Device> staging_device(const std::vector<std::string>& devices
 class Batches {
  public:
   Batches(const RunArgs& a, const std::vector<std::string>& devices) : a_(a) {
-    if (!a.input.empty()) given_ = load_tensors(a.input);
+    if (!a.input.empty()) given_ = load_inputs(a.input);
     count_ = a.input.empty() ? static_cast<std::size_t>(a.batches) : given_.size();
     features_ = a.task == "mlp" ? ferry::kMlpFeatures : a.features;
     // Synthetic batches are made in shared memory, as a data loader using ferry would, so they
@@ -56,19 +57,22 @@ class Batches {
   std::size_t count() const { return count_; }
 
   ferry::Tensors operator()(std::size_t i) const {
-    at::Tensor t;
+    ferry::Tensors ts;
     if (!a_.input.empty()) {
-      t = given_[i];
+      ts = given_[i];
     } else {
-      t = ferry::empty_shared({a_.batch_size, features_}, at::kFloat);
-      t.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(1000 + i));
+      ts.push_back(ferry::empty_shared({a_.batch_size, features_}, at::kFloat));
+      ts[0].normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(1000 + i));
     }
-    return {stage_ ? t.to(*stage_) : t};
+    if (stage_) {
+      for (auto& t : ts) t = t.to(*stage_);
+    }
+    return ts;
   }
 
  private:
   const RunArgs& a_;
-  std::vector<at::Tensor> given_;
+  std::vector<ferry::Tensors> given_;  // each task's, from --input
   std::size_t count_ = 0;
   std::int64_t features_ = 0;
   std::optional<at::Device> stage_;

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../test_util.hpp"
@@ -162,6 +163,104 @@ for x, y in zip(xs, ys):
     assert torch.equal(y, x * x), (x, y)
 )"));
   }
+}
+
+TEST_CASE("ferry run --input takes a dict, and lists, tuples or dicts of several tensors a task",
+          "[fork]") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  // Dicts and lists of one item are the ones LibTorch 1.13's unpickler cannot read as Python
+  // writes them (tools/pickle_compat.hpp); a state_dict is an OrderedDict with _metadata.
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+x = [torch.full((2, 3), float(i + 1)) for i in range(6)]
+cases = {
+    'dict': {'a': x[0], 'b': x[1], 'c': x[2]},
+    'one_dict': {'a': x[0]},
+    'one_list': [x[0]],
+    'lists': [[x[0], x[1]], [x[2], x[3]]],
+    'tuples': [(x[0], x[1]), (x[2],)],
+    'dicts': [{'x': x[0], 'y': x[1]}, {'x': x[2], 'y': x[3]}],
+    'one_item_dicts': [{'x': x[0]}, {'x': x[1]}],
+    'mixed': [x[0], [x[1], x[2]], {'m': x[3]}, (x[4], x[5])],
+    'dict_of_lists': {'a': [x[0], x[1]], 'b': {'c': x[2]}},
+    'state_dict': torch.nn.Linear(3, 2).state_dict(),
+}
+for name, v in cases.items():
+    torch.save(v, d + '/' + name + '.pt')
+)"));
+  for (const char* name : {"dict", "one_dict", "one_list", "lists", "tuples", "dicts",
+                           "one_item_dicts", "mixed", "dict_of_lists", "state_dict"}) {
+    INFO(name);
+    const Ran r = run(dir, "run --task square --workers 2 --input " + (dir / name) +
+                               ".pt --output " + (dir / name) + ".out.pt");
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+  }
+  // Each task's result: the squares of its tensors in the order given (one tensor where it had
+  // one), the tasks in the file's order.
+  CHECK(python(dir, R"(
+d = sys.argv[1]
+def tasks(v):
+    items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else [v]
+    return [[i] if isinstance(i, torch.Tensor) else list(i.values()) if isinstance(i, dict) else list(i)
+            for i in items]
+for name in ['dict', 'one_dict', 'one_list', 'lists', 'tuples', 'dicts', 'one_item_dicts', 'mixed',
+             'dict_of_lists', 'state_dict']:
+    want = tasks(torch.load(d + '/' + name + '.pt'))
+    got = torch.load(d + '/' + name + '.out.pt', weights_only=True)
+    assert len(got) == len(want), (name, got)
+    for w, g in zip(want, got):
+        g = [g] if isinstance(g, torch.Tensor) else g
+        assert len(g) == len(w), (name, w, g)
+        for a, b in zip(w, g):
+            assert torch.equal(b, a.detach() * a.detach()), (name, a, b)
+)"));
+}
+
+TEST_CASE("ferry run --input of another shape is refused: where in the file, what, what is taken") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+x = torch.ones(2)
+torch.save([x, {'x': x, 'mask': 'none'}], d + '/str.pt')
+torch.save({'a': [x, [x]]}, d + '/deep.pt')
+torch.save([x, []], d + '/empty.pt')
+torch.save([[x] * 65], d + '/many.pt')
+torch.save([x], d + '/protocol4.pt', pickle_protocol=4)
+class Box:
+    pass
+torch.save([x, Box()], d + '/object.pt')
+)"));
+  const std::string shapes =
+      "; it takes a tensor (one task), or a list, tuple or dict with one task per item, each item "
+      "a tensor or a list, tuple or dict of tensors (that task's inputs, in order)\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"str.pt", "' holds a str at [1]['mask']" + shapes},
+      {"deep.pt", "' holds a list at ['a'][1]" + shapes},
+      {"empty.pt", "' holds an empty list at [1]" + shapes},
+      {"many.pt",
+       "' holds 65 tensors for the task at [0]; a task takes at most 64 (stack or concatenate "
+       "them, or split the task)\n"},
+      {"protocol4.pt",
+       "' was pickled with protocol 4, where LibTorch reads 2 only, torch.save's default: leave "
+       "out torch.save's pickle_protocol\n"},
+      {"object.pt", "' holds something LibTorch cannot read ("},
+  };
+  for (const auto& [file, says] : cases) {
+    const Ran r = run(dir, "run --task square --workers 1 --input " + (dir / file));
+    INFO(r.out << r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("ferry: --input '" + (dir / file) + says));
+    // One line: LibTorch's backtrace is for FERRY_LOG=debug only.
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK_THAT(r.err, !Catch::Contains("Exception raised from") && !Catch::Contains("frame #"));
+  }
+  const Ran debug =
+      run(dir, "run --task square --workers 1 --input " + (dir / "object.pt"), "FERRY_LOG=debug ");
+  CHECK(debug.code == 2);
+  CHECK_THAT(debug.err, Catch::Contains("unpickling --input '" + (dir / "object.pt") + "'"));
 }
 
 // ferry run --task torchscript on dir's model.pt and in.pt, into out.pt, with 2 workers.
