@@ -176,11 +176,23 @@ void Progress::update(std::size_t done, std::size_t failed) {
 }
 
 void print_failures(const RunOutcome& r) {
-  for (std::size_t i = 0; i < std::min<std::size_t>(r.errors.size(), 5); ++i) {
-    std::fprintf(stderr, "%s\n", r.errors[i].c_str());
+  // A task failed because the pool broke ends with the pool's error, said once below.
+  const std::string& why = r.broken_detail;
+  std::vector<const std::string*> own;
+  for (const auto& e : r.errors) {
+    const bool with_pool = !why.empty() && e.size() >= why.size() &&
+                           e.compare(e.size() - why.size(), why.size(), why) == 0;
+    if (!with_pool) own.push_back(&e);
   }
-  if (r.errors.size() > 5) std::fprintf(stderr, "... and %zu more failures\n", r.errors.size() - 5);
-  if (!r.broken.empty()) std::fprintf(stderr, "%s\n", r.broken.c_str());
+  for (std::size_t i = 0; i < std::min<std::size_t>(own.size(), 5); ++i) {
+    std::fprintf(stderr, "%s\n", own[i]->c_str());
+  }
+  if (own.size() > 5) std::fprintf(stderr, "... and %zu more failures\n", own.size() - 5);
+  if (r.broken.empty()) return;
+  const std::size_t with_pool = r.errors.size() - own.size();
+  std::fprintf(stderr, "%s", r.broken.c_str());
+  if (with_pool > 0) std::fprintf(stderr, " (%zu task(s) failed with it)", with_pool);
+  std::fprintf(stderr, "\n");
 }
 
 void print_summary(const RunArgs& a, const RunOutcome& r) {

@@ -27,6 +27,7 @@ struct RunOutcome {
   std::vector<double> latencies;        // seconds, hand-over to result, one per ended task
   std::vector<std::string> errors;      // the failed tasks' errors
   std::string broken;                   // why the pool could not go on, if it could not
+  std::string broken_detail;            // the same without "ferry: <code>: ", as tasks carry it
   ferry::PoolStats stats;               // taken before the pool closed
   std::vector<ferry::Tensors> results;  // in input order, kept only for --output
   std::optional<HostCounts> hosts;      // with --listen
@@ -51,7 +52,8 @@ class Progress {
   std::chrono::steady_clock::time_point last_ = start_;
 };
 
-// The first five errors, a count of the rest, and why the pool broke, on stderr.
+// The first five errors, a count of the rest, and why the pool broke, on stderr, each once: the
+// tasks that failed because it broke are counted on its line.
 void print_failures(const RunOutcome& r);
 
 // The summary on stdout: one JSON document with --json, else a table.

@@ -123,7 +123,10 @@ RunOutcome stream(ferry::Pool& pool, const RunArgs& a, const Batches& batches) {
       if (!a.json) progress.update(r.done, r.errors.size());
     }
   } catch (const ferry::Error& e) {
-    if (!stop_signal()) r.broken = e.what();
+    if (!stop_signal()) {
+      r.broken = e.what();
+      r.broken_detail = e.detail();
+    }
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.stats = pool.stats();  // before close, while the pids are current

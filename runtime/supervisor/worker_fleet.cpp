@@ -99,7 +99,13 @@ void WorkerFleet::start_failed(int w, const StartFailure& f) {
     ws.last_exit = f.message;
     ws.given_up = d.give_up;
     if (!d.give_up) {
-      log().warn("{}; {}", f.message, d.why);
+      // Before the pool has started, a retry is held: should the slot be given up, the error
+      // the constructor throws says it, and the retries' lines would say it again.
+      if (board_.started) {
+        log().warn("{}; {}", f.message, d.why);
+      } else {
+        held_retries_.push_back(f.message + "; " + d.why);
+      }
       return;
     }
     if (!board_.started) {
@@ -109,10 +115,14 @@ void WorkerFleet::start_failed(int w, const StartFailure& f) {
       startup_error_ = Error(Errc::handshake, f.message + " (gave up: " + d.why + ")");
       return;
     }
-    log().error("{}; giving up on worker {}: {}", f.message, w, d.why);
     const bool any_left = std::any_of(workers_.begin(), workers_.end(),
                                       [](const auto& x) { return x->phase() != Phase::Failed; });
-    if (any_left) return;  // the others carry on
+    if (any_left) {  // the others carry on
+      log().error("{}; giving up on worker {}: {}", f.message, w, d.why);
+      return;
+    }
+    // The last one: every task fails with this, and the pool's error is it.
+    log().debug("{}; giving up on worker {}: {}", f.message, w, d.why);
   }
   board_.fail_every_task("no worker can be started: " + f.message + " (gave up: " + d.why + ")",
                          p.device());
@@ -269,6 +279,15 @@ void WorkerFleet::run(std::promise<void> started) {
                          [](const auto& p) { return p->phase() == Phase::Ready; });
     };
     while (!startup_error_ && !settled()) round();
+    // Retries held while starting: news if the pool started anyway, else its error says them.
+    for (const std::string& retry : held_retries_) {
+      if (startup_error_) {
+        log().debug("{}", retry);
+      } else {
+        log().warn("{}", retry);
+      }
+    }
+    held_retries_.clear();
     if (startup_error_) {
       stop_workers();
       told = true;

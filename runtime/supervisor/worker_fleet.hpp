@@ -65,6 +65,7 @@ class WorkerFleet {
   FleetOptions opt_;
   std::vector<std::unique_ptr<WorkerProcess>> workers_;  // the monitor thread's alone
   std::optional<Error> startup_error_;                   // the monitor thread's alone
+  std::vector<std::string> held_retries_;                // the same: retries before the start
 };
 
 }  // namespace ferry::supervisor

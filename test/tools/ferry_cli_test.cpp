@@ -3,6 +3,7 @@
 // ThreadSanitizer cannot follow from a process with threads, so `make tsan` leaves these out.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,6 +63,12 @@ Ran run(const TempDir& dir, const std::string& args, const std::string& env = ""
                                      .c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "stdout"),
           slurp(dir / "stderr")};
+}
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 // Runs a Python snippet with Debian's torch; false (with a visible note) where there is none.
@@ -574,7 +581,34 @@ TEST_CASE("when its workers keep failing to start, ferry run ends with exit 3 an
                                     "ended during its start-up, exited with code 3") &&
                         Catch::Contains("worker 1 (cpu) given up"));
   CHECK_THAT(r.err, !Catch::Contains("terminate called"));
+  // The pool's error once: not again for each task that failed with it.
+  CHECK(occurrences(r.err, "no worker can be started") == 1);
+  CHECK_THAT(r.err, Catch::Contains(" task(s) failed with it)"));
   CHECK(::access((dir / "out.pt").c_str(), F_OK) != 0);  // no partial output written
+}
+
+TEST_CASE("a pool that cannot start says why once on stderr, not again for each retry") {
+  TempDir dir;
+  // A worker that fails at every start, as one missing a library would: each slot is retried
+  // (the restart policy), then given up, and the pool does not start.
+  std::ofstream(dir / "worker.sh") << "#!/bin/sh\necho 'worker.sh: no weights here' >&2\nexit 1\n";
+  ::chmod((dir / "worker.sh").c_str(), 0755);
+  const Ran r = run(dir,
+                    "run --task square --workers 2 --batches 2 --restart-backoff-ms 10 "
+                    "--worker " +
+                        (dir / "worker.sh"));
+  INFO(r.out << r.err);
+  CHECK(r.code == 3);
+  CHECK(occurrences(r.err, "ended during its start-up") == 1);
+  CHECK_THAT(r.err, Catch::StartsWith("worker.sh: no weights here\n") &&
+                        Catch::Contains("ferry: handshake: worker ") &&
+                        Catch::Contains("(gave up: 3 failed starts in a row by its own fault)"));
+  // A device this machine lacks: its worker refuses to start, and says why once.
+  const Ran gpu = run(dir, "run --devices cuda:7 --batches 2");
+  INFO(gpu.out << gpu.err);
+  if (gpu.code == 0) return;  // a machine with eight GPUs
+  CHECK(gpu.code == 3);
+  CHECK(occurrences(gpu.err, "(cuda:7)") == 1);
 }
 
 TEST_CASE("ferry run reports a failed shared-memory check by the code of the check that failed") {
