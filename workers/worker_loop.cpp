@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -78,6 +79,16 @@ TaskContext context_for(const protocol::Hello& hello, const NamedTensors& shared
 }
 
 // Runs the program's start for this worker (set_worker_start); "" or why it failed.
+// What an exception says to the supervisor, and so to the user: LibTorch's without the C++
+// backtrace its what() carries, which goes to this worker's FERRY_LOG=debug instead.
+std::string error_text(const std::exception& e) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) {
+    log().debug("{}", e.what());
+    return torch_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
 std::string run_start(const protocol::Hello& hello, const NamedTensors& shared) {
   const StartFn* start = worker_start();
   if (!start) return "";
@@ -86,7 +97,7 @@ std::string run_start(const protocol::Hello& hello, const NamedTensors& shared) 
     (*start)(ctx);
     return "";
   } catch (const std::exception& e) {
-    return std::string("the worker's start failed: ") + e.what();
+    return "the worker's start failed: " + error_text(e);
   } catch (...) {
     return "the worker's start threw something that is not a std::exception";
   }
@@ -131,7 +142,7 @@ void handle(const Tensors& message, const protocol::Hello& hello,
     error = e.what();
     detail = e.detail();
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_text(e);
   } catch (...) {
     error = "threw something that is not a std::exception";
   }
@@ -299,7 +310,8 @@ int run_worker(int control_fd) {
     ::close(control_fd);
     return code;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry-worker %d: %s\n", static_cast<int>(::getpid()), e.what());
+    std::fprintf(stderr, "ferry-worker %d: %s\n", static_cast<int>(::getpid()),
+                 error_text(e).c_str());
     return e.what() && std::strstr(e.what(), "peer_dead") ? kWorkerSupervisorGone : kWorkerFailed;
   }
 }

@@ -611,6 +611,18 @@ TEST_CASE("a pool that cannot start says why once on stderr, not again for each 
   CHECK(occurrences(gpu.err, "(cuda:7)") == 1);
 }
 
+TEST_CASE("a task's LibTorch error reaches ferry run's stderr without LibTorch's C++ backtrace") {
+  TempDir dir;
+  // sleep_echo reads its first tensor as a number: a synthetic [64, 64] batch makes at::item()
+  // throw, a c10::Error whose what() carries the frames.
+  const Ran r = run(dir, "run --task sleep_echo --workers 1 --batches 1 --worker " +
+                             std::string(FERRY_TEST_WORKER));
+  INFO(r.out << r.err);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("a Tensor with 4096 elements cannot be converted to Scalar") &&
+                        !Catch::Contains("Exception raised from") && !Catch::Contains("frame #"));
+}
+
 TEST_CASE("ferry run reports a failed shared-memory check by the code of the check that failed") {
   TempDir dir;
   ferry::test::in_child([&] {
