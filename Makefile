@@ -48,6 +48,8 @@ bench: build
 	$(BUILD)/test/bench/ferry-bench --json $(BUILD)/bench.json
 	$(BUILD)/test/bench/ferry-fanin-bench --json $(BUILD)/fanin-bench.json
 	$(BUILD)/test/bench/ferry-pool-bench --json $(BUILD)/pool-bench.json
+	$(PLOT_PYTHON) -B test/bench/run_bench.py --ferry $(BUILD)/tools/ferry \
+	  --json $(BUILD)/run-bench.json
 	$(BUILD)/test/bench/ferry-cuda-bench --json $(BUILD)/cuda-bench.json
 	if [ -x $(BUILD)/test/bench/ferry-python-bench ]; then \
 	  $(BUILD)/test/bench/ferry-python-bench --json $(BUILD)/python-bench.json && \

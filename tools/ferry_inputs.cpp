@@ -84,6 +84,11 @@ void add_pool_options(CLI::App* cmd, RunArgs& a) {
       ->check(CLI::Range(0, 3600000));
   cmd->add_option("--worker", a.worker,
                   "worker executable, spawned (default: ferry-worker beside this program)");
+  cmd->add_option("--shared-allocations", a.shared_allocations,
+                  "on: tensors a task makes of 64 KiB or more are born in the worker's shared "
+                  "memory and come back without a copy; off: they are copied when sent")
+      ->transform(CLI::IsMember({"on", "off"}))
+      ->default_str("on");
 }
 
 // The options of a job on several hosts that the head and its hosts share.
@@ -187,6 +192,7 @@ ferry::PoolOptions pool_options(const RunArgs& a) {
   o.start = ferry::parse_start(a.start);
   o.worker_executable = a.worker;
   o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
+  o.shared_allocations = a.shared_allocations == "on";
   o.max_retries = a.retries;
   o.restart = a.restart;
   o.restart.backoff = std::chrono::milliseconds(a.backoff_ms);

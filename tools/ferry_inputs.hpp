@@ -29,6 +29,7 @@ struct RunArgs {
   int batch_size = 64;
   std::int64_t features = ferry::kMlpFeatures;
   int timeout_ms = 0;
+  std::string shared_allocations = "on";  // PoolOptions::shared_allocations
   int retries = 2;
   ferry::RestartPolicy restart;
   int backoff_ms = static_cast<int>(restart.backoff.count());
