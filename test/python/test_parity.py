@@ -559,6 +559,36 @@ def test_import_ferry_as_mp_runs_a_torch_multiprocessing_script(tmp_path):
         """)
 
 
+
+def test_a_pools_fresh_results_and_a_buffer_it_keeps_writing_behave_as_under_torch(tmp_path):
+    """ferry's workers make their tensors in shared memory (shared allocations), so a result is
+    the worker's memory, as torch.multiprocessing makes it by moving it there when it is sent:
+    fresh results are each their own, and a buffer a task writes again after returning it shows
+    its last write in every result it was, under both."""
+    same(tmp_path, """
+        import torch
+
+        BUF = None
+
+        def fresh(i):
+            return torch.full((1 << 16,), float(i))
+
+        def reused(i):
+            global BUF
+            if BUF is None:
+                BUF = torch.empty(1 << 16)
+            BUF.fill_(float(i))
+            return BUF
+
+        if __name__ == "__main__":
+            with mp.Pool(1) as pool:
+                print([t[0].item() for t in pool.map(fresh, range(4))])
+                print([t[0].item() for t in pool.map(reused, range(4))])
+        """, """\
+        [0.0, 1.0, 2.0, 3.0]
+        [3.0, 3.0, 3.0, 3.0]
+        """)
+
 def test_ferry_says_its_version():
     import ferry
 
