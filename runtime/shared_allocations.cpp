@@ -52,6 +52,8 @@ class BornSharedAllocator final : public c10::Allocator {
       : next_(next), threshold_(threshold), max_reserved_(max_reserved) {}
 
   c10::DataPtr allocate(size_t n) FERRY_ALLOCATE_CONST override {
+    // place_allocation()'s first rule, checked here without touching the arena: every CPU
+    // allocation of the process passes this way, most of them small.
     if (n >= threshold_ && shared_allocations()) {
       if (auto born = from_arena(n)) return std::move(*born);
     }

@@ -65,6 +65,22 @@ struct Moved {
   }
 };
 
+// Why results were copied, where the user may wonder: shared allocations were turned off, or the
+// results are small, which are copied by design (docs/supervisor.md, "Shared allocations").
+std::string why_results_copied(const RunArgs& a, const ferry::PoolStats& s) {
+  std::uint64_t tensors = 0, bytes = 0;
+  for (const auto& w : s.workers) {
+    tensors += w.tensors_copied;
+    bytes += w.bytes_copied;
+  }
+  if (tensors == 0) return "";
+  if (a.shared_allocations == "off") return " (--shared-allocations off)";
+  const std::uint64_t line = ferry::shared_allocation_threshold();
+  if (bytes / tensors >= line) return "";
+  return " (" + ferry::format_bytes(bytes / tensors) + " a result: under " +
+         ferry::format_bytes(line) + ", results are copied by design)";
+}
+
 void print_json(const RunArgs& a, const RunOutcome& r) {
   const ferry::PoolStats& s = r.stats;
   const Moved m(s);
@@ -125,8 +141,8 @@ void print_text(const RunArgs& a, const RunOutcome& r) {
   }
   std::printf("  inputs      %s zero-copy, %s copied\n", ferry::format_bytes(m.in_zc).c_str(),
               ferry::format_bytes(m.in_cp).c_str());
-  std::printf("  results     %s zero-copy, %s copied\n", ferry::format_bytes(m.out_zc).c_str(),
-              ferry::format_bytes(m.out_cp).c_str());
+  std::printf("  results     %s zero-copy, %s copied%s\n", ferry::format_bytes(m.out_zc).c_str(),
+              ferry::format_bytes(m.out_cp).c_str(), why_results_copied(a, s).c_str());
   int width = 8;  // a host's slot names the host and its devices
   for (const auto& w : s.workers) width = std::max(width, static_cast<int>(w.device.size()));
   std::printf("  %-6s %-*s %-6s %8s %7s %8s %11s %11s\n", "worker", width, "device", "start",

@@ -143,6 +143,30 @@ TEST_CASE("ferry run --json gives the summary as one document") {
   CHECK(tasks == 30);
 }
 
+TEST_CASE("ferry run's large results come back zero-copy, copied with --shared-allocations off") {
+  TempDir dir;
+  const std::string job = "run --json --task square --features 4096 --batches 20 --start spawn ";
+  const Ran on = run(dir, job);
+  INFO(on.err);
+  REQUIRE(on.code == 0);
+  const auto j = nlohmann::json::parse(on.out);
+  CHECK(j.at("results").at("bytes_zero_copy") == 20 * 64 * 4096 * 4);
+  CHECK(j.at("results").at("bytes_copied") == 0);
+  const Ran off = run(dir, job + "--shared-allocations off");
+  INFO(off.err);
+  REQUIRE(off.code == 0);
+  const auto k = nlohmann::json::parse(off.out);
+  CHECK(k.at("results").at("bytes_zero_copy") == 0);
+  CHECK(k.at("results").at("bytes_copied") == 20 * 64 * 4096 * 4);
+  // The summary says why small results are copied, and why all are with it off.
+  const Ran mlp = run(dir, "run --batches 10 --start spawn");
+  CHECK_THAT(mlp.out, Catch::Contains("2.5 KiB a result: under 64.0 KiB, results are copied by "
+                                      "design"));
+  const Ran square =
+      run(dir, "run --task square --batches 10 --start spawn --shared-allocations off");
+  CHECK_THAT(square.out, Catch::Contains("copied (--shared-allocations off)"));
+}
+
 TEST_CASE("input and output files round-trip with Python's torch.save and torch.load", "[fork]") {
   if (skip_without_python_torch()) return;
   TempDir dir;
