@@ -6,17 +6,14 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "runtime/ferry.hpp"
+#include "tools/bad_input.hpp"        // BadInput, the exit codes
 #include "workers/builtin_tasks.hpp"  // kMlpFeatures
 
 namespace ferry::tools {
-
-// Exit codes (the commands' footers list them; 128+N is a stop by signal N).
-inline constexpr int kOk = 0, kTasksFailed = 1, kBadInput = 2, kBroken = 3;
 
 struct RunArgs {
   int workers = 0;
@@ -41,11 +38,6 @@ struct RunArgs {
   int join_timeout_ms = 30000;
   int heartbeat_ms = 500;
   int lost_after_ms = 5000;
-};
-
-// A problem with what the user gave us, reported as exit code 2.
-struct BadInput : std::runtime_error {
-  using std::runtime_error::runtime_error;
 };
 
 // The `run` and `host` subcommands of `app`, their options read into `a`.

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "runtime/worker_protocol.hpp"
-#include "tools/ferry_inputs.hpp"
+#include "tools/bad_input.hpp"
 #include "tools/torch_save_file.hpp"
 
 namespace ferry::tools {

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "ipc/log.hpp"
-#include "tools/ferry_inputs.hpp"
+#include "tools/bad_input.hpp"
 #include "tools/pickle_compat.hpp"
 
 namespace ferry::tools {
