@@ -208,6 +208,10 @@ json handoff(const Config& cfg, bool tally = false) {
       ferry::Tensors m = there.recv(60s);
       back.send({mine}, 60s);
     }
+    // fork_child ends in _exit, which skips the exit flush: without this wait the last reply
+    // could be lost when the parent, seeing this process gone, lets go of its segments before
+    // it takes the reply (seen under load).
+    if (ferry::flush(60s) != 0) throw std::runtime_error("the last reply was not taken");
     const std::string steps = tally_per_round_trip(cfg.round_trips).dump();
     (void)!::write(fds[1], steps.data(), steps.size());
   });
