@@ -2,7 +2,6 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <pthread.h>
-#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,18 +16,6 @@
 #include "ipc/receipt_policy.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/transport/shm_cpu/storages.hpp"
-
-// LibTorch 2.x made Allocator::allocate non-const and added copy_data (pure from 2.3).
-#if TORCH_VERSION_MAJOR >= 2
-#define FERRY_ALLOCATE_CONST
-#else
-#define FERRY_ALLOCATE_CONST const
-#endif
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define FERRY_COPY_DATA_OVERRIDE override
-#else
-#define FERRY_COPY_DATA_OVERRIDE
-#endif
 
 namespace ferry {
 namespace {
@@ -51,22 +38,18 @@ class BornSharedAllocator final : public c10::Allocator {
   BornSharedAllocator(c10::Allocator* next, std::uint64_t threshold, std::uint64_t max_reserved)
       : next_(next), threshold_(threshold), max_reserved_(max_reserved) {}
 
-  c10::DataPtr allocate(size_t n) FERRY_ALLOCATE_CONST override {
-    // place_allocation()'s first rule, checked here without touching the arena: every CPU
-    // allocation of the process passes this way, most of them small.
-    if (n >= threshold_ && shared_allocations()) {
-      if (auto born = from_arena(n)) return std::move(*born);
-    }
-    return next_->allocate(n);
-  }
+  // c10::Allocator's interface changed across LibTorch's versions: allocate() was const, then
+  // not (2.x), and copy_data() came (pure from 2.3). Both forms of allocate() are here and none
+  // says `override`: whichever the headers declare is overridden, the other is an overload
+  // nobody calls, and copy_data() likewise overrides only where it exists.
+  c10::DataPtr allocate(size_t n) const { return take(n); }
+  c10::DataPtr allocate(size_t n) { return take(n); }
 
   // The raw interface (raw_allocate / raw_deallocate, which some libraries use) works for both
   // kinds: a born-shared block's context is its address, and its release is found by address.
-  c10::DeleterFnPtr raw_deleter() const override {
-    return next_->raw_deleter() ? &raw_delete : nullptr;
-  }
+  c10::DeleterFnPtr raw_deleter() const { return next_->raw_deleter() ? &raw_delete : nullptr; }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const FERRY_COPY_DATA_OVERRIDE {
+  void copy_data(void* dest, const void* src, std::size_t count) const {
     std::memcpy(dest, src, count);
   }
 
@@ -75,6 +58,15 @@ class BornSharedAllocator final : public c10::Allocator {
 
  private:
   static void raw_delete(void* data);
+
+  c10::DataPtr take(std::size_t n) const {
+    // place_allocation()'s first rule, checked here without touching the arena: every CPU
+    // allocation of the process passes this way, most of them small.
+    if (n >= threshold_ && shared_allocations()) {
+      if (auto born = from_arena(n)) return std::move(*born);
+    }
+    return next_->allocate(n);
+  }
 
   std::optional<c10::DataPtr> from_arena(std::size_t n) const {
     Arena& arena = Arena::local();
