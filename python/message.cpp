@@ -2,9 +2,7 @@
 
 #include <cstring>
 
-#include "ipc/channel.hpp"
 #include "ipc/error.hpp"
-#include "ipc/wire.hpp"
 #include "runtime/shared_tensor.hpp"
 
 namespace py = pybind11;
@@ -17,11 +15,8 @@ Tensors pack_message(const py::bytes& payload, const std::vector<at::Tensor>& ba
   if (PyBytes_AsStringAndSize(payload.ptr(), &data, &size) != 0) throw py::error_already_set();
   Tensors message;
   message.reserve(bases.size() + 1);
-  // A payload that fits a record travels in it (an empty task's call and result do); a larger
-  // one is written once, into the arena, and shared from there.
-  const bool in_record = static_cast<std::size_t>(size) <= wire::kInlineBytes;
-  message.push_back(in_record ? at::empty({static_cast<std::int64_t>(size)}, at::kByte)
-                              : empty_shared({static_cast<std::int64_t>(size)}, at::kByte));
+  // Written once, where it travels cheapest (an empty task's call and result fit a record).
+  message.push_back(empty_for_sending(static_cast<std::int64_t>(size)));
   if (size > 0) std::memcpy(message.back().data_ptr(), data, static_cast<std::size_t>(size));
   message.insert(message.end(), bases.begin(), bases.end());
   return message;

@@ -6,6 +6,7 @@
 
 #include "ipc/error.hpp"
 #include "runtime/transport/shm_cpu/storages.hpp"
+#include "runtime/transport/transport.hpp"
 
 namespace ferry {
 
@@ -32,6 +33,20 @@ at::Tensor empty_shared(at::IntArrayRef sizes, const at::TensorOptions& options)
   auto contiguous = c10::contiguous_strides(sizes);
   auto t = detail::allocate_in_arena(Arena::local(), sizes, contiguous, dtype, nbytes);
   return options.requires_grad() ? t.requires_grad_() : t;
+}
+
+at::Tensor empty_for_sending(std::int64_t bytes) {
+  if (bytes < 0) {
+    throw Error(Errc::invalid_argument,
+                "empty_for_sending: " + std::to_string(bytes) + " bytes is negative");
+  }
+  // A buffer made outside the arena is copied when sent: choose() says whether into a block of
+  // the arena (then better made there) or into the record itself.
+  detail::Sending facts;
+  facts.contiguous = true;
+  facts.bytes = static_cast<std::uint64_t>(bytes);
+  if (detail::choose(facts) == detail::Carrier::in_record) return at::empty({bytes}, at::kByte);
+  return empty_shared({bytes}, at::kByte);
 }
 
 at::Tensor to_shared(const at::Tensor& t) {

@@ -11,6 +11,11 @@ namespace ferry {
 // Throws ferry::Error(shm_exhausted) when the shm filesystem has no room.
 at::Tensor empty_shared(at::IntArrayRef sizes, const at::TensorOptions& options = {});
 
+// An uninitialised byte buffer of `bytes`, to fill once and send, made where sending it costs
+// least: in this process's own memory when it is small enough to travel inside its wire record,
+// in the arena (zero-copy) otherwise. Python's queues make each pickled payload this way.
+at::Tensor empty_for_sending(std::int64_t bytes);
+
 // A copy of `t` in the arena (same sizes and, when dense, the same strides).
 at::Tensor to_shared(const at::Tensor& t);
 

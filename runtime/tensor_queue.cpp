@@ -6,21 +6,16 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
 #include <thread>
 
 #include "ipc/arena.hpp"
 #include "ipc/env.hpp"
 #include "ipc/log.hpp"
-#include "ipc/peer_segments.hpp"
 #include "ipc/process.hpp"
-#include "ipc/segment.hpp"
 #include "ipc/stats.hpp"
 #include "ipc/step_times.hpp"
 #include "ipc/wire.hpp"
-#include "runtime/transport/shm_cpu/received_storages.hpp"
-#include "runtime/transport/shm_cpu/shm_cpu.hpp"
 #include "runtime/transport/transport.hpp"
 #include "runtime/transport_table.hpp"
 
@@ -33,8 +28,6 @@ namespace {
 // first send, where a bad value is that send's Error; a throw from the atexit handler would end
 // the process in std::terminate.
 std::atomic<std::int64_t> g_exit_linger_ms{2000};
-// How long an exiting sender waits for a queue's ring lock to leave its deposit there.
-constexpr auto kDepositLockTimeout = std::chrono::seconds(1);
 
 void linger_at_exit() {
   const std::size_t waiting = flush_at_exit(std::chrono::milliseconds(g_exit_linger_ms.load()));
@@ -53,19 +46,6 @@ void register_linger_once() {
   g_exit_linger_ms = exit_linger().count();
   if (registered.exchange(me) != me) std::atexit(linger_at_exit);
 }
-constexpr std::int64_t kDeadCheckNs = 100'000'000;  // how often a sender looks for dead holders
-std::atomic<std::int64_t> g_last_dead_check{0};
-
-// Ends leases receivers released (no syscall unless something changed) and, at most every
-// 100 ms, those whose holder died. Senders call it, so an owner notices without a helper thread.
-void reclaim_if_due(Ledger& ledger) {
-  const std::int64_t now = Clock::now().time_since_epoch().count();
-  std::int64_t last = g_last_dead_check.load(std::memory_order_relaxed);
-  const bool dead_due =
-      now - last >= kDeadCheckNs && g_last_dead_check.compare_exchange_strong(last, now);
-  if (dead_due || ledger.has_releases()) ledger.reclaim(dead_due);
-}
-
 using detail::Claim;
 
 // Inside the pop, while the records are still in the ring: each record's transport claims its
@@ -116,48 +96,15 @@ std::size_t flush(std::chrono::milliseconds timeout) {
 
 std::size_t flush_at_exit(std::chrono::milliseconds timeout) {
   const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
-  Arena& arena = Arena::local();
-  Ledger* ledger = arena.existing_ledger();
-  std::vector<Ledger::Lease> waiting;  // CPU leases left to their receivers
-  if (ledger) {
-    struct Queued {
-      std::shared_ptr<Channel> channel;
-      std::vector<QueuedLease> leases;
-      std::vector<Ledger::Lease> ids;
-    };
-    std::map<const Channel*, Queued> by_queue;
-    for (const Ledger::Unclaimed& u : ledger->unclaimed_leases()) {
-      if (!u.channel || u.segment == Ledger::kNoSegment) {
-        waiting.push_back(u.lease);  // still being pushed by another thread
-        continue;
-      }
-      Queued& q = by_queue[u.channel.get()];
-      q.channel = u.channel;
-      q.leases.push_back({u.seq, u.segment});
-      q.ids.push_back(u.lease);
-    }
-    const auto fd_of = [&arena](std::uint32_t seq) {
-      const std::shared_ptr<Segment> s = arena.segment(seq);
-      return s ? s->fd() : -1;
-    };
-    for (auto& [key, q] : by_queue) {
-      if (!q.channel->deposit(current_pid(), process_token(), q.leases, fd_of,
-                              kDepositLockTimeout)) {
-        waiting.insert(waiting.end(), q.ids.begin(), q.ids.end());
-      }
-    }
-  }
-  auto waiting_now = [&] {
-    // Every transport's but the CPU one's, whose leases left in custody are done with.
+  std::vector<detail::ExitWait> waits;
+  for (const detail::Transport* t : detail::all_transports()) waits.push_back(t->at_exit());
+  auto waiting = [&] {
     std::size_t n = 0;
-    for (const detail::Transport* t : detail::all_transports()) {
-      if (t != &detail::shm_cpu_transport()) n += t->in_flight();
-    }
-    for (const Ledger::Lease& l : waiting) n += ledger->unclaimed(l);
+    for (const detail::ExitWait& w : waits) n += w();
     return n;
   };
   std::size_t left;
-  while ((left = waiting_now()) > 0 && Clock::now() < deadline) {
+  while ((left = waiting()) > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return left;
@@ -236,8 +183,6 @@ SendReport TensorQueue::send_message(const Tensors& body,
                                             "; split it or create a larger queue");
   }
   Arena& arena = Arena::local();
-  Ledger& ledger = arena.ledger();
-  reclaim_if_due(ledger);
   register_linger_once();
 
   std::vector<wire::Record> records(n);
@@ -247,6 +192,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
     for (const auto& [l, lease] : leases) l->abandon(lease);
   };
   const detail::SendContext ctx{arena, {receiver_pid_, receiver_device_}, options.detached};
+  for (const detail::Transport* t : detail::all_transports()) t->before_send(ctx);
   SendReport report;  // body's tensors
   report.tensors.resize(body.size());
   SentTensor header;
@@ -260,7 +206,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
     r.msg_index = static_cast<std::uint16_t>(i);
     r.msg_count = static_cast<std::uint16_t>(tensors);
     sent.copied = o.copied;
-    sent.in_record = carrier == detail::Carrier::in_record;
+    sent.in_record = o.self_contained;
     sent.cuda = facts.cuda;
     sent.bytes = t.nbytes();
   };
@@ -287,10 +233,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
 
 Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
   const steps::Timed step("recv");
-  // Before the pop: a bad FERRY_COPY_ON_RECEIPT_BELOW fails with no message taken, and storages
-  // received from senders that died move into this process (at most every 100 ms).
-  detail::copy_on_receipt_below();
-  detail::relocate_from_dead_if_due();
+  for (const detail::Transport* t : detail::all_transports()) t->before_receive();
   std::vector<std::byte> bytes;
   std::vector<Claim> claimed;
   {
@@ -310,22 +253,20 @@ Tensors TensorQueue::recv(std::chrono::milliseconds timeout) {
   for (Claim& c : claimed) {
     const wire::Record& r = c.record;
     if (r.flags & wire::kFlagEmptyMessage) break;
-    // A claimed record holds its lease in c.ledger; one in the record needs none.
-    if (c.ledger || (c.error.empty() && detail::choose(r) == detail::Carrier::in_record)) {
+    if (c.error.empty()) {
       try {
-        if (c.error.empty()) {
-          out.push_back(detail::transport(detail::choose(r)).decode(c, me));
-          detail::bump(detail::counters().tensors_received);
-          detail::bump(detail::counters().bytes_received, out.back().nbytes());
-          continue;
-        }
+        out.push_back(detail::transport(detail::choose(r)).decode(c, me));
+        detail::bump(detail::counters().tensors_received);
+        detail::bump(detail::counters().bytes_received, out.back().nbytes());
+        continue;
       } catch (const Error& e) {
         c.error = e.detail();
         c.code = e.code();
       }
-      // A decode that failed after handing the lease on has reset c.ledger.
-      if (c.ledger) Ledger::release(*c.ledger, r.lease_slot, r.lease_gen, me);
     }
+    // A claim that took the lease holds it in c.ledger (one whose record holds the bytes takes
+    // none), and a decode that failed after handing it on has reset c.ledger.
+    if (c.ledger) Ledger::release(*c.ledger, r.lease_slot, r.lease_gen, me);
     if (first_error.empty()) {
       first_error = c.error;
       first_code = c.code;

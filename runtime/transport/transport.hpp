@@ -5,7 +5,8 @@
 // shared, and take a lease on what the record names), claim (receiver, inside the pop, while the
 // record is still in the ring: make the lease this process's and map what the tensor needs, so
 // the sender may go as soon as it sees the lease claimed) and decode (receiver, after the pop:
-// the at::Tensor whose storage ends the lease when it dies).
+// the at::Tensor whose storage ends the lease when it dies). Hooks with defaults let a transport
+// act before a send, before a receive and at a normal exit, so the queue holds none of its code.
 //
 // TensorQueue asks choose() once per tensor and per record which transport carries it, and
 // otherwise knows none of them; runtime/transport_table.hpp maps the choice to the transport.
@@ -17,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +81,7 @@ struct Outgoing {
   Ledger* ledger = nullptr;  // which of this process's ledgers holds the lease; none: no lease
   Ledger::Lease lease;
   std::optional<CopyReason> copied;  // why it was copied first; unset when shared in place
+  bool self_contained = false;  // the record holds the bytes: counted neither shared nor copied
 };
 
 // What the receiver learned about one record while the message was still in the ring.
@@ -94,6 +97,10 @@ struct Claim {
 // Where an exited sender left its segments (the queue's custody): the pop holds the ring lock
 // that reading it needs.
 using CustodyLookup = SegmentFallback;
+
+// What a transport still waits for at a normal exit: called until it returns 0 or the linger
+// runs out, it says how many tensors this process sent still need the process alive.
+using ExitWait = std::function<std::size_t()>;
 
 class Transport {
  public:
@@ -116,6 +123,21 @@ class Transport {
 
   // Process `pid` has exited: what this process received from it stops depending on it.
   virtual void peer_exited(pid_t pid) const = 0;
+
+  // Sender, before a message is encoded: housekeeping that needs no thread of its own (the CPU
+  // transport ends the leases receivers let go). Every transport is asked, whatever it carries.
+  virtual void before_send(const SendContext&) const {}
+
+  // Receiver, before the pop: checks that must fail with no message taken, and housekeeping
+  // (the CPU transport moves storages received from senders that died).
+  virtual void before_receive() const {}
+
+  // At a normal exit (flush_at_exit()), once: leaves what this process's unclaimed tensors need
+  // where their receivers can still reach it, and returns what is left to wait for. By default
+  // the process waits for all it has in flight.
+  virtual ExitWait at_exit() const {
+    return [this] { return in_flight(); };
+  }
 };
 
 }  // namespace detail

@@ -3,7 +3,9 @@
 
 Fails when a file includes one of a layer below its own in the table (a back arrow between
 layers), or when modules (a header and its source) include each other in a cycle, through any
-number of steps (a back arrow inside a layer). Usage: include_layers.py <source root>
+number of steps (a back arrow inside a layer); and when the queue or the Python extension names a
+transport (docs/transports.md: they know only the interface, the table and choose()).
+Usage: include_layers.py <source root>
 """
 import os
 import re
@@ -24,6 +26,9 @@ LAYERS = [
 FOLDERS = ["ipc", "runtime", "hosts", "workers", "python", "tools"]
 SUFFIXES = (".hpp", ".cpp", ".cu", ".h")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# What must know no transport by name: a new transport touches its own folder, the table, the
+# choice and its wire rules, nothing here.
+TRANSPORT_BLIND = ("runtime/tensor_queue.", "python/")
 
 
 def layer(path):
@@ -60,11 +65,33 @@ def main(root):
             if module(inc) != module(f):
                 edges.setdefault(module(f), set()).add(module(inc))
     problems += [f"modules include each other: {' -> '.join(c)}" for c in cycles(edges)]
+    problems += naming_transports(root, files)
     for p in problems:
         print(p)
     print(f"{len(files)} files, {sum(len(v) for v in edges.values())} module edges: "
-          f"{'no back arrow' if not problems else str(len(problems)) + ' back arrow(s)'}")
+          f"{'no back arrow' if not problems else str(len(problems)) + ' problem(s)'}")
     return 1 if problems else 0
+
+
+def naming_transports(root, files):
+    """Each place where a file of TRANSPORT_BLIND includes or names one transport."""
+    base = os.path.join(root, "runtime", "transport")
+    names = sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
+    if not names:
+        return []
+    alt = "|".join(map(re.escape, names))
+    naming = re.compile(rf'runtime/transport/({alt})/|\b({alt})_transport\b|Carrier::({alt})\b')
+    out = []
+    for f in files:
+        if not f.startswith(TRANSPORT_BLIND):
+            continue
+        with open(os.path.join(root, f), encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                m = naming.search(line)
+                if m:
+                    out.append(f"{f}:{n} names transport {next(g for g in m.groups() if g)}: "
+                               "only the table and choose() may (docs/transports.md)")
+    return out
 
 
 def cycles(edges):

@@ -12,6 +12,7 @@
 #include "../test_util.hpp"
 #include "ipc/env.hpp"
 #include "ipc/stats.hpp"
+#include "ipc/wire.hpp"
 #include "runtime/shared_tensor.hpp"
 
 using ferry::Errc;
@@ -295,6 +296,38 @@ TEST_CASE("a small ordinary tensor crosses inside its record: no block, no lease
   const auto after = ferry::transport_stats();
   CHECK(after.tensors_received - before.tensors_received == 3);
   CHECK(after.tensors_copied_on_receipt - before.tensors_copied_on_receipt == 1);  // the large one
+}
+
+TEST_CASE("empty_for_sending makes a buffer where it travels cheapest: its record, or the arena",
+          "[queue]") {
+  auto q = TensorQueue::create({8});
+  const at::Tensor small =
+      ferry::empty_for_sending(static_cast<std::int64_t>(ferry::wire::kInlineBytes));
+  const at::Tensor large =
+      ferry::empty_for_sending(static_cast<std::int64_t>(ferry::wire::kInlineBytes) + 1);
+  CHECK_FALSE(ferry::is_shared(small));
+  CHECK(ferry::is_shared(large));
+  CHECK(small.scalar_type() == at::kByte);
+  CHECK(large.numel() == static_cast<std::int64_t>(ferry::wire::kInlineBytes) + 1);
+  small.fill_(7);
+  large.fill_(9);
+  const ferry::SendReport r = q.send({small, large}, 5s);
+  CHECK(r.tensors[0].in_record);
+  CHECK_FALSE(r.tensors[0].copied);
+  CHECK_FALSE(r.tensors[1].in_record);
+  CHECK_FALSE(r.tensors[1].copied);  // made in the arena: shared in place
+  Tensors m = q.recv(5s);
+  REQUIRE(m.size() == 2);
+  CHECK(m[0].equal(small));
+  CHECK(m[1].equal(large));
+  CHECK(ferry::empty_for_sending(0).numel() == 0);
+  try {
+    ferry::empty_for_sending(-1);
+    FAIL("no error for -1 bytes");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("-1 bytes"));
+  }
 }
 
 TEST_CASE("a detached send copies even a shared tensor, so the receiver's view is its own",

@@ -22,6 +22,7 @@ class InRecord final : public Transport {
     }
     Outgoing out;
     out.record = wire::make_record();
+    out.self_contained = true;
     wire::Record& r = out.record;
     describe_view(t, r);
     r.storage_offset = 0;  // only the view's own bytes are carried, from the first element
@@ -30,7 +31,7 @@ class InRecord final : public Transport {
     r.device_index = -1;
     r.flags = wire::kFlagInline | wire::kFlagCopied;
     if (bytes > 0) std::memcpy(wire::inline_bytes(r), t.data_ptr(), bytes);
-    return out;  // not counted as a copy: the send counts it as carried in its record
+    return out;
   }
 
   void claim(Claim&, pid_t, const CustodyLookup&) const override {}  // nothing held elsewhere

@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -15,6 +16,7 @@
 #include "ipc/stats.hpp"
 #include "ipc/step_times.hpp"
 #include "runtime/transport/dtype.hpp"
+#include "runtime/transport/shm_cpu/exit_custody.hpp"
 #include "runtime/transport/shm_cpu/received_storages.hpp"
 #include "runtime/transport/tensor_view.hpp"
 
@@ -22,6 +24,19 @@ namespace ferry::detail {
 namespace {
 
 constexpr auto kFetchTimeout = std::chrono::seconds(5);
+
+constexpr std::int64_t kDeadCheckNs = 100'000'000;  // how often a sender looks for dead holders
+std::atomic<std::int64_t> g_last_dead_check{0};
+
+// Ends leases receivers released (no syscall unless something changed) and, at most every
+// 100 ms, those whose holder died. Senders call it, so an owner notices without a helper thread.
+void reclaim_if_due(Ledger& ledger) {
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::int64_t last = g_last_dead_check.load(std::memory_order_relaxed);
+  const bool dead_due =
+      now - last >= kDeadCheckNs && g_last_dead_check.compare_exchange_strong(last, now);
+  if (dead_due || ledger.has_releases()) ledger.reclaim(dead_due);
+}
 
 class ShmCpu final : public Transport {
  public:
@@ -41,6 +56,12 @@ class ShmCpu final : public Transport {
     return ledger ? ledger->in_flight() : 0;
   }
   void peer_exited(pid_t pid) const override { relocate_from_dead(pid); }
+  void before_send(const SendContext& ctx) const override { reclaim_if_due(ctx.arena.ledger()); }
+  void before_receive() const override {
+    copy_on_receipt_below();  // a bad FERRY_COPY_ON_RECEIPT_BELOW fails with no message taken
+    relocate_from_dead_if_due();
+  }
+  ExitWait at_exit() const override { return leave_in_custody(); }
 };
 
 }  // namespace
