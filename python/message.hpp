@@ -19,8 +19,12 @@ namespace ferry::python {
 
 // [payload, bases...]. Needs the GIL (reads `payload`).
 Tensors pack_message(const pybind11::bytes& payload, const std::vector<at::Tensor>& bases);
+Tensors pack_message(const char* payload, std::size_t size, const std::vector<at::Tensor>& bases);
 // (payload bytes, [bases...]) from a message made by pack_message. Needs the GIL.
 pybind11::tuple unpack_message(Tensors message);
+// The object itself as a 1-tuple when the message is plain (python/plain_message.hpp), decoded
+// here; else what unpack_message() returns, for ferry/_pickle.py to unpickle. Needs the GIL.
+pybind11::tuple unpack_object(Tensors message);
 
 // Packs (payload, bases) under the GIL, then returns send(message, timeout) with the GIL
 // released, so that other Python threads run while the send blocks.

@@ -14,6 +14,7 @@
 #include "python/fds.hpp"
 #include "python/hosts.hpp"
 #include "python/message.hpp"
+#include "python/plain_message.hpp"
 #include "python/pool.hpp"
 #include "python/queue.hpp"
 #include "python/stats.hpp"
@@ -43,6 +44,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("version") = ferry::version();     // CMake's project() version: the one place it is set
   ferry::python::bind_errors(m);
   ferry::python::bind_storages(m);
+  ferry::python::bind_plain_message(m);
   ferry::python::bind_queue(m);
   ferry::python::bind_pool(m);
   ferry::python::bind_hosts(m);

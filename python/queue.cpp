@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "python/message.hpp"
+#include "python/plain_message.hpp"
 
 namespace py = pybind11;
 
@@ -52,6 +53,44 @@ void bind_queue(py::module_& m) {
           },
           py::arg("timeout") = py::none(),
           "(payload, bases) of the oldest message, or None when `timeout` passed first")
+      .def(
+          "put_plain",
+          [](TensorQueue& q, py::handle obj, std::optional<double> timeout) -> py::object {
+            const auto ms = to_timeout(timeout);
+            std::optional<PlainMessage> plain = encode_plain(obj, q.capacity() - 1);
+            if (!plain) return py::none();
+            Tensors message =
+                pack_message(plain->payload.data(), plain->payload.size(), plain->bases);
+            bool sent = true;
+            {
+              py::gil_scoped_release unlocked;  // once, for the whole send
+              try {
+                q.send(message, ms);
+              } catch (const Error& e) {
+                if (e.code() != Errc::timeout) throw;
+                sent = false;
+              }
+            }
+            return py::bool_(sent);
+          },
+          py::arg("obj"), py::arg("timeout") = py::none(),
+          "sends a plain object (python/plain_message.hpp) in one call: True, False when "
+          "`timeout` passed first, None when it is not plain (pickle it and put())")
+      .def(
+          "get_object",
+          [](TensorQueue& q, std::optional<double> timeout) -> py::object {
+            const auto ms = to_timeout(timeout);
+            std::optional<Tensors> message;
+            {
+              py::gil_scoped_release unlocked;
+              message = q.try_recv(ms);
+            }
+            if (!message) return py::none();
+            return unpack_object(std::move(*message));
+          },
+          py::arg("timeout") = py::none(),
+          "None when `timeout` passed first; else (object,) for a plain message, or "
+          "(payload, bases) for one to unpickle")
       .def("shutdown", &TensorQueue::close, "closes the queue for every process")
       .def("messages", &TensorQueue::messages, "messages queued now")
       .def("max_messages", &TensorQueue::max_messages)

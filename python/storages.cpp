@@ -18,15 +18,7 @@ namespace ferry::python {
 namespace {
 
 using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
-// (device type, device index, address, bytes): no two live storages of one process share it,
-// except views of the same received block, which is what adopt() merges.
-using Key = std::tuple<int, int, std::uintptr_t, std::size_t>;
-
-Key key_of(const c10::Storage& s) {
-  const c10::Device d = s.device();
-  return {static_cast<int>(d.type()), d.index(),
-          reinterpret_cast<std::uintptr_t>(s.data_ptr().get()), s.nbytes()};
-}
+using Key = StorageKey;
 
 struct Cache {
   std::mutex mu;
@@ -43,7 +35,14 @@ at::Tensor base_over(const c10::Storage& s) {
       .set_(s, 0, {static_cast<std::int64_t>(s.nbytes())}, {1});
 }
 
-// The uint8 tensor over the whole storage of `t`.
+}  // namespace
+
+StorageKey key_of(const c10::Storage& s) {
+  const c10::Device d = s.device();
+  return {static_cast<int>(d.type()), d.index(),
+          reinterpret_cast<std::uintptr_t>(s.data_ptr().get()), s.nbytes()};
+}
+
 at::Tensor storage_base(const at::Tensor& t) {
   if (!t.has_storage()) {
     throw Error(Errc::invalid_argument,
@@ -52,7 +51,6 @@ at::Tensor storage_base(const at::Tensor& t) {
   return base_over(t.storage());
 }
 
-// The base this process already holds for the same memory as `base`, or `base` itself (noted).
 at::Tensor adopt(const at::Tensor& base) {
   const c10::Storage& s = base.storage();
   if (s.nbytes() == 0) return base;
@@ -76,18 +74,27 @@ at::Tensor adopt(const at::Tensor& base) {
   return base;
 }
 
+bool carried_by_storage(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && !t.is_quantized() &&
+         (t.is_cpu() || t.is_cuda()) && t.dim() <= 12;
+}
+
+at::Tensor prepared_for_storage(const at::Tensor& t) {
+  at::Tensor data = t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t;
+  if (data.is_cpu()) share_(data);
+  return data;
+}
+
+namespace {
+
 // What a message says of tensor `t` besides its storage, or None when ferry does not carry it
 // (sparse, quantized, another device, too many dimensions: it is pickled by value). Else
 // (storage key, the tensor whose storage travels, "dtype;offset;sizes;strides"), where a lazily
 // conjugated or negated view is resolved first (those bits are not in the storage) and a CPU
 // storage is moved into the arena in place. One call, since each Python attribute read costs.
 py::object describe(const at::Tensor& t) {
-  if (!t.defined() || t.layout() != at::kStrided || t.is_quantized() ||
-      !(t.is_cpu() || t.is_cuda()) || t.dim() > 12) {
-    return py::none();
-  }
-  at::Tensor data = t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t;
-  if (data.is_cpu()) share_(data);
+  if (!carried_by_storage(t)) return py::none();
+  const at::Tensor data = prepared_for_storage(t);
   std::string meta = std::to_string(static_cast<int>(data.scalar_type())) + ';' +
                      std::to_string(data.storage_offset()) + ';';
   for (std::int64_t d = 0; d < data.dim(); ++d) {

@@ -152,6 +152,10 @@ def dumps(obj, limit, functions=False, held=None):
     some 10x slower than pickle, so "auto" tries pickle first, and takes cloudpickle where pickle
     named something of __main__, which a pool's worker does not import). `held`, a list: obj
     goes to a pool's workers, and what it needs besides its bytes is appended (_handles)."""
+    # Tensors and plain data are encoded in C++ (python/plain_message.hpp), not pickled.
+    plain = _C.encode_plain(obj, limit)
+    if plain is not None:
+        return plain
     if _plain(obj):
         return pickle.dumps(obj, _PROTOCOL), []
     if held is None:
@@ -209,6 +213,8 @@ class _Unpickler(pickle.Unpickler):
 
 def loads(payload, bases):
     """The object dumps() made; views are rebuilt on the storages this process holds."""
+    if payload and payload[0] == _C.PLAIN_MAGIC:
+        return _C.decode_plain(payload, bases)
     try:
         if not bases:
             # No storage, so no tensor reference: pickle's own loads, without the subclass that

@@ -13,6 +13,7 @@ import os
 import queue as _stdqueue
 import select
 import threading
+import time
 import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing.reduction import DupFd
@@ -83,8 +84,15 @@ class Queue:
         if self._closed:
             raise ValueError(f"Queue {self!r} is closed")
         seconds = _seconds(block, timeout)
-        payload, bases = _pickle.dumps(obj, self._q.capacity() - 1)
         linger_at_exit()
+        # An object of tensors and plain data is encoded and sent in one call, without the
+        # pickler; when it is not plain, or the queue stays full for a first slice, the general
+        # way below pickles it and waits for the rest of the timeout.
+        deadline = None if seconds is None else time.monotonic() + seconds
+        if self._q.put_plain(obj, _waiting.first_slice(seconds)):
+            self._rang()
+            return
+        payload, bases = _pickle.dumps(obj, self._q.capacity() - 1)
 
         def attempt(t):
             try:
@@ -93,7 +101,7 @@ class Queue:
             except _C.Timeout:
                 return False, None
 
-        if not _waiting.wait(attempt, seconds, self._expire)[0]:
+        if not _waiting.wait(attempt, _waiting.left(deadline), self._expire)[0]:
             raise _stdqueue.Full
         self._rang()
 
@@ -101,14 +109,20 @@ class Queue:
         """The oldest object; blocks while empty, up to timeout (then queue.Empty). Raises
         ferry.PeerDead when the queue is empty and every other process that held it, and could
         have put, has exited (see the top of this file)."""
-        got, message = _waiting.wait(self._attempt_get, _seconds(block, timeout), self._expire)
-        if not got:
-            raise _stdqueue.Empty
+        seconds = _seconds(block, timeout)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        message = self._q.get_object(_waiting.first_slice(seconds))
+        if message is None:
+            got, message = _waiting.wait(self._attempt_get, _waiting.left(deadline),
+                                         self._expire)
+            if not got:
+                raise _stdqueue.Empty
         self._answered()
-        return _pickle.loads(*message)
+        # (object,) when the message was plain and decoded in the call; else (payload, bases).
+        return message[0] if len(message) == 1 else _pickle.loads(*message)
 
     def _attempt_get(self, seconds):
-        message = self._q.get(seconds)
+        message = self._q.get_object(seconds)
         return message is not None, message
 
     def put_nowait(self, obj):

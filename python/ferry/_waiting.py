@@ -33,3 +33,14 @@ def wait(attempt, timeout, between=None):
             return False, None
         if between is not None:
             between()
+
+
+def first_slice(timeout):
+    """The wait of a first attempt made before wait(): a slice at most, as wait()'s own."""
+    return SLICE if timeout is None else min(SLICE, timeout)
+
+
+def left(deadline):
+    """What remains until a time.monotonic() deadline (None: for ever), for wait() after a
+    first attempt; 0 once it has passed, so wait() still tries once."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
