@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "ipc/clock.hpp"
 #include "ipc/fd.hpp"
 #include "ipc/peer_roles.hpp"
 #include "ipc/spin_policy.hpp"
@@ -39,10 +40,6 @@
 namespace ferry {
 
 class Segment;
-
-// Deadline helpers shared by every blocking call in ferry.
-using Clock = std::chrono::steady_clock;
-inline constexpr std::chrono::milliseconds kForever{-1};
 
 // A lease of a sender that is exiting, as a channel's custody sees it: the message that carries
 // it and the sender's segment that its block lives in.

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "ipc/channel.hpp"  // kForever
+#include "ipc/clock.hpp"
 #include "ipc/error.hpp"
 
 namespace ferry::python {

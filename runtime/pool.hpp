@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "ipc/channel.hpp"  // kForever
+#include "ipc/clock.hpp"
 #include "runtime/remote_workers.hpp"
 #include "runtime/supervisor/pool_stats.hpp"
 #include "runtime/supervisor/restart_policy.hpp"

@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "ipc/channel.hpp"  // Clock
+#include "ipc/clock.hpp"
 #include "ipc/fd.hpp"
 
 namespace ferry::supervisor {

@@ -23,7 +23,7 @@
 #include <cstddef>
 #include <optional>
 
-#include "ipc/channel.hpp"  // Clock
+#include "ipc/clock.hpp"
 
 namespace ferry::supervisor {
 

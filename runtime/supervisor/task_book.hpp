@@ -29,7 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ipc/channel.hpp"  // Clock
+#include "ipc/clock.hpp"
 #include "runtime/supervisor/queue_depth.hpp"
 #include "runtime/tensor_queue.hpp"  // Tensors
 

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/channel.hpp"  // Clock
+#include "ipc/clock.hpp"
 #include "ipc/fd.hpp"
 #include "runtime/supervisor/restart_policy.hpp"
 #include "runtime/tensor_queue.hpp"
