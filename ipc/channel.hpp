@@ -41,6 +41,10 @@ namespace ferry {
 
 class Segment;
 
+namespace ring {
+struct Header;
+}
+
 // A lease of a sender that is exiting, as a channel's custody sees it: the message that carries
 // it and the sender's segment that its block lives in.
 struct QueuedLease {
@@ -147,7 +151,7 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
  private:
-  struct Header;
+  using Header = ring::Header;  // ipc/channel_layout.hpp
   Channel(std::shared_ptr<Segment> segment, UniqueFd custody);
   Header* header() const noexcept;
   std::byte* slot(std::uint64_t position) const noexcept;

@@ -1,0 +1,121 @@
+#include "ipc/custody_socket.hpp"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "ipc/control_socket.hpp"
+#include "ipc/log.hpp"
+
+namespace ferry::custody {
+
+// Whoever holds the socket sends to its own queue and reads from it; a datagram from any other
+// socket is refused (EPERM), so only the channel's holders can deposit. Its autobound abstract
+// name exists only to connect to; it goes with the socket.
+UniqueFd make_socket() {
+  UniqueFd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  socklen_t len = sizeof(sa_family_t);  // autobind
+  if (!s || ::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return UniqueFd();
+  len = sizeof addr;
+  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    return UniqueFd();
+  }
+  return s;
+}
+
+bool is_socket(int fd) {
+  int type = 0;
+  socklen_t type_len = sizeof type;
+  sockaddr_un self{}, peer{};
+  socklen_t self_len = sizeof self, peer_len = sizeof peer;
+  return ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0 && type == SOCK_DGRAM &&
+         ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) == 0 &&
+         ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 &&
+         self.sun_family == AF_UNIX && self_len == peer_len &&
+         std::memcmp(&self, &peer, self_len) == 0;
+}
+
+// Never blocks: a full custody is a failed deposit (the owner then stays), not a wait.
+bool send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments,
+                  const int* fds) {
+  iovec iov[2] = {{const_cast<DepositHead*>(&head), sizeof head},
+                  {const_cast<std::uint32_t*>(segments), head.count * sizeof(std::uint32_t)}};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFdsPerDeposit * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(head.count * sizeof(int));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(head.count * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds, head.count * sizeof(int));
+  const std::size_t bytes = sizeof head + head.count * sizeof(std::uint32_t);
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(bytes)) {
+    ferry::log().warn("channel custody: cannot keep segments of pid {}: {}", head.owner_pid,
+                      n < 0 ? std::strerror(errno) : "short send");
+    return false;
+  }
+  return true;
+}
+
+bool send_deposit(int sock, const Deposit& d) {
+  std::vector<int> fds;
+  for (const UniqueFd& fd : d.fds) fds.push_back(fd.get());
+  return send_deposit(sock, d.head, d.segments.data(), fds.data());
+}
+
+// A dropped deposit's messages then fail as their sender's death would have them fail.
+std::vector<Deposit> take_deposits(int sock, bool* drained) {
+  std::vector<Deposit> out;
+  *drained = true;
+  for (;;) {
+    Deposit d;
+    d.segments.resize(kMaxFdsPerDeposit);
+    iovec iov[2] = {{&d.head, sizeof d.head},
+                    {d.segments.data(), d.segments.size() * sizeof(std::uint32_t)}};
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxFdsPerDeposit * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        ferry::log().warn("channel custody: reading it failed: {}", std::strerror(errno));
+        *drained = false;
+      }
+      return out;
+    }
+    take_passed_fds(msg, d.fds);
+    const bool whole =
+        static_cast<std::size_t>(n) >= sizeof d.head && d.head.magic == kDepositMagic &&
+        d.head.count <= kMaxFdsPerDeposit &&
+        static_cast<std::size_t>(n) == sizeof d.head + d.head.count * sizeof(std::uint32_t) &&
+        d.fds.size() == d.head.count && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0;
+    if (!whole) {
+      ferry::log().warn("channel custody: dropped a deposit{} (out of file descriptors?)",
+                        static_cast<std::size_t>(n) >= sizeof d.head
+                            ? " of pid " + std::to_string(d.head.owner_pid)
+                            : std::string());
+      continue;
+    }
+    d.segments.resize(d.head.count);
+    out.push_back(std::move(d));
+  }
+}
+
+}  // namespace ferry::custody

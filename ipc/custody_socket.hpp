@@ -1,0 +1,50 @@
+// A channel's custody as bytes on a socket (internal): the segment fds an exited sender left,
+// in flight as SCM_RIGHTS datagrams (ipc/channel.hpp says what custody is for). The callers
+// hold the ring lock, which orders every reader and writer of the socket.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ipc/fd.hpp"
+
+namespace ferry::custody {
+
+// SCM_MAX_FD is 253: a sender with more segments than this leaves several deposits.
+inline constexpr std::size_t kMaxFdsPerDeposit = 250;
+
+// One datagram in the custody socket: this, then `count` segment numbers, with `count` fds.
+struct DepositHead {
+  std::uint64_t magic;
+  std::uint64_t owner_token;
+  std::uint64_t last_seq;  // kept until this message has been consumed
+  std::int32_t owner_pid;
+  std::uint32_t count;
+};
+inline constexpr std::uint64_t kDepositMagic = 0x54534f4359525246ull;  // "FRRYCOST"
+
+struct Deposit {
+  DepositHead head{};
+  std::vector<std::uint32_t> segments;
+  std::vector<UniqueFd> fds;
+};
+
+// A Unix datagram socket connected to itself; empty (errno set) when one cannot be made.
+UniqueFd make_socket();
+// Whether `fd` is such a socket (what a channel attached with a custody fd checks it is given).
+bool is_socket(int fd);
+
+// Sends one deposit of `head.count` segments and their fds; never blocks. False (logged) when
+// the socket refuses it, e.g. full: the owner then stays.
+bool send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments, const int* fds);
+bool send_deposit(int sock, const Deposit& d);
+
+// Every deposit in the socket, taken out of it: the caller sends back what is still needed. A
+// malformed datagram, or one whose fds this process had no room for, is dropped (logged).
+// `*drained`: nothing is left unread.
+std::vector<Deposit> take_deposits(int sock, bool* drained);
+
+}  // namespace ferry::custody
