@@ -24,6 +24,7 @@
 #include "ipc/log.hpp"
 #include "runtime/shared_allocations.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/supervisor/transfer_tally.hpp"
 #include "runtime/worker_launch.hpp"
 #include "runtime/worker_protocol.hpp"
 #include "workers/task_registry.hpp"
@@ -166,11 +167,7 @@ void handle(const Tensors& message, const protocol::Hello& hello,
       // The envelope counts how this message's results travel, as the send itself reports it.
       results.send_described(
           [&](const SendReport& sent) {
-            const TransferCounts c = sent.counts();
-            reply.tensors_zero_copy = c.tensors_zero_copy;
-            reply.bytes_zero_copy = c.bytes_zero_copy;
-            reply.tensors_copied = c.tensors_copied;
-            reply.bytes_copied = c.bytes_copied;
+            add_transfer_counts(reply, sent.counts());  // its counts start at 0
             return protocol::pack(reply);
           },
           out, TensorQueue::SendOptions{});  // ends with peer_dead if the supervisor dies

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ipc/names.hpp"
+#include "runtime/supervisor/transfer_tally.hpp"
 #include "runtime/task_error.hpp"
 #include "runtime/worker_protocol.hpp"
 
@@ -59,10 +60,7 @@ void Dispatcher::dispatch() {
         if (tally && d.inputs) {
           std::lock_guard<std::mutex> relock(b.mu);
           h->task->inputs_tallied = true;
-          b.totals.input_tensors_zero_copy += d.inputs->tensors_zero_copy;
-          b.totals.input_bytes_zero_copy += d.inputs->bytes_zero_copy;
-          b.totals.input_tensors_copied += d.inputs->tensors_copied;
-          b.totals.input_bytes_copied += d.inputs->bytes_copied;
+          add_transfer_counts(b.totals, *d.inputs);
         }
         break;
       case Delivery::Kind::gone:

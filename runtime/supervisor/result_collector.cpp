@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "runtime/supervisor/transfer_tally.hpp"
 #include "runtime/task_error.hpp"
 #include "runtime/worker_protocol.hpp"
 
@@ -21,10 +22,7 @@ std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
   {
     std::lock_guard<std::mutex> lock(board_.mu);
     WorkerStats& ws = board_.slots[w]->stats;  // even a stale result was sent
-    ws.tensors_zero_copy += env.tensors_zero_copy;
-    ws.bytes_zero_copy += env.bytes_zero_copy;
-    ws.tensors_copied += env.tensors_copied;
-    ws.bytes_copied += env.bytes_copied;
+    add_transfer_counts(ws, env);
     t = board_.book.complete(w, env.task_id, env.attempt, env.ok, Clock::now());
     pid = ws.pid;
     device = ws.device;
