@@ -93,6 +93,7 @@ class Queue:
             self._rang()
             return
         payload, bases = _pickle.dumps(obj, self._q.capacity() - 1)
+        self._expire()  # what wait() does after each slice that came back empty
 
         def attempt(t):
             try:
@@ -113,6 +114,7 @@ class Queue:
         deadline = None if seconds is None else time.monotonic() + seconds
         message = self._q.get_object(_waiting.first_slice(seconds))
         if message is None:
+            self._expire()
             got, message = _waiting.wait(self._attempt_get, _waiting.left(deadline),
                                          self._expire)
             if not got:
