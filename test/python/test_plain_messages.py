@@ -86,7 +86,7 @@ def test_plain_messages_arrive_as_torch_multiprocessing_delivers_them(tmp_path):
                 return "{" + ",".join(f"{describe(k)}:{describe(v)}" for k, v in o.items()) + "}"
             return f"{type(o).__name__}:{o!r}"
 
-        def child(q, back):
+        def child(q, back, taken):
             for _ in range(5):
                 o = q.get()
                 print(describe(o), flush=True)
@@ -96,11 +96,12 @@ def test_plain_messages_arrive_as_torch_multiprocessing_delivers_them(tmp_path):
                     print("same storage:", a[2].item() == 99.0, "same tensor:",
                           o["twice"][0] is o["twice"][1], flush=True)
             back.put([torch.arange(3), {"done": True}])
+            taken.wait(60)  # torch's file_descriptor strategy needs the sender until then
 
         if __name__ == "__main__":
             ctx = mp.get_context("spawn")
-            q, back = ctx.Queue(), ctx.Queue()
-            p = ctx.Process(target=child, args=(q, back))
+            q, back, taken = ctx.Queue(), ctx.Queue(), ctx.Event()
+            p = ctx.Process(target=child, args=(q, back, taken))
             p.start()
             base = torch.arange(6.0)
             t = torch.ones(2, 2)
@@ -109,7 +110,9 @@ def test_plain_messages_arrive_as_torch_multiprocessing_delivers_them(tmp_path):
             q.put({"views": [base, base[2:]], "twice": [t, t], 3: (t.t(),)})
             q.put([torch.tensor(5, dtype=torch.int8), torch.zeros(0), torch.ones(3).conj()])
             q.put({"n": [[[[1]]]], "big": 2**70, "odd": collections.OrderedDict(a=1)})
-            print(describe(back.get()))
+            reply = back.get()
+            taken.set()
+            print(describe(reply))
             p.join()
             print(p.exitcode)
         """, """\
