@@ -14,7 +14,9 @@ In a container's default 64 MiB /dev/shm (docker run --shm-size=64m, or no --shm
 two differ most: ferry's batches live in memfds, which only the container's memory limit bounds,
 so the loader finishes; torch's go to /dev/shm, where two batches of 38 MB do not fit, and the
 loop ends with "DataLoader worker (pid N) is killed by signal: Bus error" or "No space left on
-device" from a worker.
+device" from a worker. Where that error hits the thread that feeds a worker's queue, the worker
+lives on and its batch never comes, so torch's loader would wait for ever: here it is given a
+60 s timeout to end.
 """
 
 import argparse
@@ -53,7 +55,7 @@ def main():
 
     ctx = ferry.get_context(a.start) if a.context == "ferry" else a.start
     loader = DataLoader(Images(a.batch * a.batches), batch_size=a.batch, num_workers=a.workers,
-                        multiprocessing_context=ctx)
+                        multiprocessing_context=ctx, timeout=0 if a.context == "ferry" else 60)
     start = time.monotonic()
     seen = 0
     for images, labels in loader:
