@@ -40,20 +40,6 @@ void bind_queue(py::module_& m) {
           py::arg("payload"), py::arg("bases"), py::arg("timeout") = py::none(),
           "sends one message; blocks while the queue is full")
       .def(
-          "get",
-          [](TensorQueue& q, std::optional<double> timeout) -> py::object {
-            const auto ms = to_timeout(timeout);
-            std::optional<Tensors> message;
-            {
-              py::gil_scoped_release unlocked;
-              message = q.try_recv(ms);
-            }
-            if (!message) return py::none();
-            return unpack_message(std::move(*message));
-          },
-          py::arg("timeout") = py::none(),
-          "(payload, bases) of the oldest message, or None when `timeout` passed first")
-      .def(
           "put_plain",
           [](TensorQueue& q, py::handle obj, std::optional<double> timeout) -> py::object {
             const auto ms = to_timeout(timeout);
@@ -77,7 +63,7 @@ void bind_queue(py::module_& m) {
           "sends a plain object (python/plain_message.hpp) in one call: True, False when "
           "`timeout` passed first, None when it is not plain (pickle it and put())")
       .def(
-          "get_object",
+          "get",
           [](TensorQueue& q, std::optional<double> timeout) -> py::object {
             const auto ms = to_timeout(timeout);
             std::optional<Tensors> message;

@@ -112,7 +112,7 @@ class Queue:
         have put, has exited (see the top of this file)."""
         seconds = _seconds(block, timeout)
         deadline = None if seconds is None else time.monotonic() + seconds
-        message = self._q.get_object(_waiting.first_slice(seconds))
+        message = self._q.get(_waiting.first_slice(seconds))
         if message is None:
             self._expire()
             got, message = _waiting.wait(self._attempt_get, _waiting.left(deadline),
@@ -124,7 +124,7 @@ class Queue:
         return message[0] if len(message) == 1 else _pickle.loads(*message)
 
     def _attempt_get(self, seconds):
-        message = self._q.get_object(seconds)
+        message = self._q.get(seconds)
         return message is not None, message
 
     def put_nowait(self, obj):
