@@ -147,15 +147,16 @@ def _plain(obj, depth=4):
     return False
 
 
-def dumps(obj, limit, functions=False, held=None):
+def dumps(obj, limit, functions=False, held=None, plain=True):
     """(payload bytes, bases) for obj; `functions` pickles lambdas and closures (cloudpickle,
     some 10x slower than pickle, so "auto" tries pickle first, and takes cloudpickle where pickle
     named something of __main__, which a pool's worker does not import). `held`, a list: obj
-    goes to a pool's workers, and what it needs besides its bytes is appended (_handles)."""
+    goes to a pool's workers, and what it needs besides its bytes is appended (_handles).
+    `plain`: False when the caller already found obj not plain."""
     # Tensors and plain data are encoded in C++ (python/plain_message.hpp), not pickled.
-    plain = _C.encode_plain(obj, limit)
-    if plain is not None:
-        return plain
+    encoded = _C.encode_plain(obj, limit) if plain else None
+    if encoded is not None:
+        return encoded
     if _plain(obj):
         return pickle.dumps(obj, _PROTOCOL), []
     if held is None:

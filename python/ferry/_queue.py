@@ -89,10 +89,12 @@ class Queue:
         # pickler; when it is not plain, or the queue stays full for a first slice, the general
         # way below pickles it and waits for the rest of the timeout.
         deadline = None if seconds is None else time.monotonic() + seconds
-        if self._q.put_plain(obj, _waiting.first_slice(seconds)):
+        sent = self._q.put_plain(obj, _waiting.first_slice(seconds))
+        if sent:
             self._rang()
             return
-        payload, bases = _pickle.dumps(obj, self._q.capacity() - 1)
+        # Not plain (None): walked once already, so not again; full (False): encoded again.
+        payload, bases = _pickle.dumps(obj, self._q.capacity() - 1, plain=sent is not None)
         self._expire()  # what wait() does after each slice that came back empty
 
         def attempt(t):
