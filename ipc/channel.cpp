@@ -19,7 +19,6 @@
 #include "ipc/channel_wait.hpp"
 #include "ipc/custody_socket.hpp"
 #include "ipc/error.hpp"
-#include "ipc/futex.hpp"
 #include "ipc/log.hpp"
 #include "ipc/peer_roles.hpp"
 #include "ipc/segment.hpp"
@@ -270,10 +269,8 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
 void Channel::close() noexcept {
   Header* h = header();
   h->closed.store(1, std::memory_order_release);
-  h->not_empty_seq.fetch_add(1, std::memory_order_release);
-  h->not_full_seq.fetch_add(1, std::memory_order_release);
-  futex_wake_all(&h->not_empty_seq);
-  futex_wake_all(&h->not_full_seq);
+  ring::wake_all(&h->not_empty_seq, &h->empty_waiters);
+  ring::wake_all(&h->not_full_seq, &h->full_waiters);
 }
 
 bool Channel::closed() const noexcept {

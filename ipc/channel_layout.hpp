@@ -13,8 +13,9 @@ namespace ferry::ring {
 
 inline constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
 // 2: max_messages and the message count; 3: the wake-up stamps; 4: holders and announced
-// children (ipc/peer_roles.hpp); 5: custody_until
-inline constexpr std::uint32_t kVersion = 5;
+// children (ipc/peer_roles.hpp); 5: custody_until; 6: a waker takes those it woke out of the
+// waiter counts (ring::wake)
+inline constexpr std::uint32_t kVersion = 6;
 inline constexpr std::size_t kParticipants = 32;
 // A slot's own bytes before its record: the message's record count in its first slot, else 0.
 inline constexpr std::size_t kSlotHeader = 8;
@@ -43,9 +44,9 @@ struct Header {
   std::atomic<std::uint32_t> messages;
   alignas(64) std::atomic<std::uint32_t> not_empty_seq;
   std::atomic<std::uint32_t> not_full_seq;
-  // Processes asleep (or about to sleep) on each futex word: a wake is a syscall, so it is made
-  // only when someone may be waiting. A waiter killed while counted costs spare wakes, never a
-  // lost one.
+  // Processes asleep (or about to sleep) on each futex word and not yet woken: a wake is a
+  // syscall, so it is made only when someone may be waiting. A waiter killed while counted costs
+  // spare wakes, never a lost one.
   std::atomic<std::uint32_t> empty_waiters;
   std::atomic<std::uint32_t> full_waiters;
   // When a waker last called the kernel to wake sleepers on each word (steady clock, ns), so a

@@ -10,11 +10,21 @@ namespace {
 // Checking peers reads /proc, so a busy waiter does it at most this often.
 constexpr std::chrono::milliseconds kPeerCheckInterval{100};
 
+// A sleeper counts itself in `waiters`; the one that ends its sleep takes it out of the count:
+// its waker, by the number the kernel says it woke, or the sleeper itself when its sleep ended
+// otherwise (a slice's end, a signal, a word that had already moved). So a woken sleeper that has
+// not run yet (on a busy machine, for a while) is no longer counted, and the messages pushed in
+// the meantime make no futex call each to wake it again: on two cores those calls were half the
+// futex calls of a pool of empty tasks. A process killed between the kernel's wake and its
+// subtraction leaves the count too high, which costs spare wakes, never a lost one.
 void sleep_on(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
               std::uint32_t seen, std::chrono::nanoseconds slice) noexcept {
   waiters->fetch_add(1, std::memory_order_seq_cst);
-  futex_wait(word, seen, slice);
-  waiters->fetch_sub(1, std::memory_order_seq_cst);
+  if (!futex_wait(word, seen, slice)) waiters->fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void uncount(std::atomic<std::uint32_t>* waiters, std::uint32_t woken) noexcept {
+  if (woken != 0) waiters->fetch_sub(woken, std::memory_order_seq_cst);
 }
 
 }  // namespace
@@ -52,8 +62,13 @@ void wake(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
   word->fetch_add(1, std::memory_order_seq_cst);
   if (waiters->load(std::memory_order_seq_cst) != 0) {
     woken_ns->store(Clock::now().time_since_epoch().count(), std::memory_order_release);
-    futex_wake(word, count);
+    uncount(waiters, futex_wake(word, count));
   }
+}
+
+void wake_all(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters) noexcept {
+  word->fetch_add(1, std::memory_order_seq_cst);
+  uncount(waiters, futex_wake_all(word));
 }
 
 // A waiter found while polling is not counted asleep, so its waker makes no futex call either.

@@ -34,10 +34,13 @@ class Deadline {
 };
 
 // Bumps `word` and wakes at most `count` of its sleepers, stamping `woken_ns` when it calls the
-// kernel; no syscall while `waiters` counts none.
+// kernel; no syscall while `waiters` counts none. Those it woke leave `waiters` at once.
 void wake(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters,
           std::atomic<std::int64_t>* woken_ns,
           std::uint32_t count = std::numeric_limits<std::uint32_t>::max()) noexcept;
+
+// Bumps `word` and wakes every sleeper on it (a closing channel).
+void wake_all(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t>* waiters) noexcept;
 
 // Waits for `word` to move from `seen`: polls it for as long as `spin` allows, then sleeps in
 // the kernel for at most `slice`. How soon the answer came teaches `spin` the next budget.
