@@ -212,7 +212,9 @@ void bind_pool(py::module_& m) {
           [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,
              py::object keep, std::optional<double> timeout) {
             Future out;
-            auto held = std::make_shared<Held>(std::move(keep));
+            // Nothing to hold, no Held: its end would take the GIL in the collector's thread,
+            // which then waits for the caller's Python before it takes the next result.
+            auto held = keep.is_none() ? nullptr : std::make_shared<Held>(std::move(keep));
             send_message(payload, bases, timeout, [&](Tensors message, auto ms) {
               p.submit(
                   kPythonTask, std::move(message),
