@@ -21,10 +21,12 @@ import torch
 
 from . import _C
 from . import _errors
+from . import _functions
 from . import _pickle
 from . import _waiting
 from ._C import Timeout
 
+_PICKLED = _functions.Pickled()  # task functions' pickles, for every pool of this process
 HOST_DEPTH = 3  # tasks a host's worker holds by default (serve_host, --maxtasks-inflight)
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); import ferry._worker as w; "
@@ -367,10 +369,16 @@ class Pool:
 
     def _function(self, fn, held):
         """What a task message says of fn: its cloudpickle (bytes, which no function is), made
-        once per call of map() and cached by the workers, or fn itself when pickling it takes
-        tensors along."""
-        payload, bases = _pickle.dumps(fn, _C.MAX_TASK_TENSORS - 1, functions=True, held=held)
-        return payload if not bases else fn
+        once per call of map(), kept while what it was made from stays the same (_functions),
+        and cached by the workers; or fn itself when pickling it takes tensors along."""
+        def make():
+            needs = []
+            payload, bases = _pickle.dumps(fn, _C.MAX_TASK_TENSORS - 1, functions=True,
+                                           held=needs)
+            held.extend(needs)
+            return (fn, False) if bases else (payload, not needs)
+
+        return _PICKLED.get(fn, make)
 
     def _message(self, fn, calls, star, held):
         # pickle, not cloudpickle, for the arguments when the function is pickled already; a

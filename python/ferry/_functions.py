@@ -1,0 +1,127 @@
+"""A pool task's function, pickled once while what it pickles as stays the same.
+
+A function of the caller's script goes to the workers by value (cloudpickle, _main): its code,
+defaults, closure and the globals it names, each global numbered by its binding
+(_main.generation). That costs tens of microseconds, more than the rest of an apply(), and the
+same function applied again pickles to the same bytes while nothing it takes along has changed.
+So its pickle is kept, with a token of everything it was made from, and used again while the
+token holds (`token`, the rule; `Pickled`, the store).
+
+Comparing a token is enough only when every value the function takes along is immutable (None,
+bool, numbers, str, bytes, and tuples and frozensets of them) or goes by reference (a module, a
+builtin, an importable function or class): a rebinding then changes the token, and nothing can
+change in place. A function that takes along anything else (a list, a tensor, a queue, a
+function or class of the script, which travel by value with their own globals) has no token and
+is pickled at every call, as before.
+"""
+
+import functools
+import threading
+import types
+import weakref
+
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
+_MAX_DEPTH = 4  # tuples in tuples: deeper ones are not worth the walk
+
+
+def _by_reference(obj):
+    """Whether cloudpickle writes obj as a name that the worker imports, not by value."""
+    try:
+        from cloudpickle import cloudpickle as cp
+    except ImportError:  # no cloudpickle, no pickling of functions by value either
+        return False
+    rule = getattr(cp, "_should_pickle_by_reference", None)
+    if rule is None:
+        return False  # a cloudpickle that hides its rule: nothing is taken for steady
+    try:
+        return bool(rule(obj))
+    except Exception:  # noqa: BLE001 - an object cloudpickle cannot place is not steady
+        return False
+
+
+def steady(value, depth=_MAX_DEPTH):
+    """Whether `value` pickles the same for as long as it is bound: immutable, or by name."""
+    t = type(value)
+    if t in _ATOMS or t is types.ModuleType or t is types.BuiltinFunctionType:
+        return True
+    if t is tuple or t is frozenset:
+        return depth > 0 and all(steady(v, depth - 1) for v in value)
+    if t is types.FunctionType or isinstance(value, type):
+        return _by_reference(value)
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(code):
+    """The global names a code object and the code nested in it may read, sorted."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(_names(const))
+    return tuple(sorted(names))
+
+
+def token(fn):
+    """What fn's pickle is made from, compared by identity (`same`); None where that cannot tell
+    whether it changed (see the module's note), or fn is not a plain function."""
+    if type(fn) is not types.FunctionType or fn.__dict__:
+        return None
+    parts = [fn.__code__, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__]
+    bound = fn.__globals__
+    for name in _names(fn.__code__):
+        if name in bound:
+            value = bound[name]
+            if not steady(value):
+                return None
+            parts.append(value)
+    for value in (fn.__defaults__ or ()):
+        if not steady(value):
+            return None
+        parts.append(value)
+    for name, value in sorted((fn.__kwdefaults__ or {}).items()):
+        if not steady(value):
+            return None
+        parts += [name, value]
+    for name, value in fn.__annotations__.items():
+        if not steady(value):
+            return None
+        parts += [name, value]
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            return None
+        if not steady(value):
+            return None
+        parts.append(value)
+    return tuple(parts)
+
+
+def same(a, b):
+    """Whether two tokens hold the very same objects, in the same places."""
+    return a is not None and b is not None and len(a) == len(b) and \
+        all(x is y for x, y in zip(a, b))
+
+
+class Pickled:
+    """Functions' pickles, each kept while its function lives and its token holds. A token holds
+    its objects, so none of them can be freed and its id reused by another while it is kept."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kept = weakref.WeakKeyDictionary()  # fn -> (token, payload)
+
+    def get(self, fn, make):
+        """fn's payload: the one kept, while its token holds; else make(), kept when fn has a
+        token and make() says it may be ((payload, keep) -> payload)."""
+        t = token(fn)
+        if t is not None:
+            with self._lock:
+                kept = self._kept.get(fn)
+            if kept is not None and same(kept[0], t):
+                return kept[1]
+        payload, keep = make()
+        if t is not None and keep:
+            with self._lock:
+                self._kept[fn] = (t, payload)
+        return payload
