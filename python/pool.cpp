@@ -54,12 +54,14 @@ struct Future {
     }
     return f.wait_for(ms) == std::future_status::ready;
   }
+  // The GIL is let go only for a result not in yet: a caller that waited (wait()) pays for one
+  // release, not two.
   py::tuple get() const {
-    {
+    if (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
       py::gil_scoped_release unlocked;
       f.wait();
     }
-    return unpack_message(f.get());  // rethrows the task's TaskError
+    return unpack_object(f.get());  // rethrows the task's TaskError
   }
 };
 
@@ -172,7 +174,9 @@ void bind_pool(py::module_& m) {
            [](const Future& f) {
              return f.f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
            })
-      .def("get", &Future::get, "(payload, bases) of the result, or raises the task's error");
+      .def("get", &Future::get,
+           "the result as (object,) when it was plain (decoded here), else (payload, bases); "
+           "raises the task's error");
 
   py::class_<Pool::Results>(m, "Results")
       .def(
@@ -189,11 +193,12 @@ void bind_pool(py::module_& m) {
             }
             if (!got) return py::none();
             const std::size_t index = got->index;
-            return py::make_tuple(index, unpack_message(got->get()));
+            return py::make_tuple(index, unpack_object(got->get()));
           },
           py::arg("timeout") = py::none(),
-          "(index, (payload, bases)) of the next task to finish, None after the last, False when "
-          "`timeout` passed first; a failed task raises its TaskError (whose .index names it)");
+          "(index, (object,) or (payload, bases)) of the next task to finish, as Future.get; None "
+          "after the last, False when `timeout` passed first; a failed task raises its TaskError "
+          "(whose .index names it)");
 
   py::class_<Pool>(m, "Pool")
       .def(py::init([](const PoolOptions& options, const std::vector<at::Tensor>& shared,

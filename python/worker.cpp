@@ -32,10 +32,10 @@ void bind_worker(py::module_& m) {
         });
         register_task(kPythonTask, [fn](TaskContext&, Tensors in) -> Tensors {
           py::gil_scoped_acquire gil;
-          py::tuple message = unpack_message(std::move(in));
+          // (object,) when plain (decoded here), else (payload, bases); the handler answers
           // (True, payload, bases), or (False, the error with the worker's traceback, the
           // pickled exception or b"")
-          py::tuple r = (*fn)(message[0], message[1]);
+          py::tuple r = (*fn)(unpack_object(std::move(in)));
           if (!r[0].cast<bool>()) {
             throw TaskFailure(r[1].cast<std::string>(), r[2].cast<std::string>());
           }
@@ -46,7 +46,8 @@ void bind_worker(py::module_& m) {
       },
       py::arg("control_fd"), py::arg("start"), py::arg("handler"),
       "serves a supervisor's tasks on the inherited control socket, start(worker_id, device, "
-      "config, shared) once first, handler(payload, bases) per task; returns the exit code");
+      "config, shared) once first, handler(message) per task, with the message as "
+      "TensorQueue.get gives it; returns the exit code");
 }
 
 }  // namespace ferry::python

@@ -212,6 +212,12 @@ class _Unpickler(pickle.Unpickler):
         return t
 
 
+def unpacked(message):
+    """The object of a message the extension unpacked: (object,) when it decoded a plain one
+    itself, else (payload, bases) to unpickle."""
+    return message[0] if len(message) == 1 else loads(*message)
+
+
 def loads(payload, bases):
     """The object dumps() made; views are rebuilt on the storages this process holds."""
     if payload and payload[0] == _C.PLAIN_MAGIC:

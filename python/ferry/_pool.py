@@ -204,8 +204,8 @@ class _Stream:
             return False, None
         if got is None:
             return True, None
-        index, (payload, bases) = got
-        return True, (index, _pickle.loads(payload, bases))
+        index, message = got
+        return True, (index, _pickle.unpacked(message))
 
     def next(self, timeout=None):
         """(index, values) or (index, exception) of a finished chunk; None after the last; False
@@ -411,7 +411,7 @@ class Pool:
 
         def resolve():
             try:
-                return _pickle.loads(*future.get())[0]
+                return _pickle.unpacked(future.get())[0]
             except (_C.TaskError, _C.ShutDown) as e:
                 raise _errors.raised(e, name)
 

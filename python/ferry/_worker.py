@@ -89,13 +89,14 @@ def _function(blob):
     return fn
 
 
-def run(payload, bases):
-    """(True, payload, bases) of the result, or (False, the error's words with the worker's
+def run(message):
+    """(True, payload, bases) of the result of a task message ((call,) as the extension decoded
+    it, or (payload, bases) to unpickle), or (False, the error's words with the worker's
     traceback, the exception pickled or b"")."""
     if _init_error is not None:
         return False, _init_error[0], _init_error[1]
     try:
-        fn, calls, star = _pickle.loads(payload, bases)
+        fn, calls, star = _pickle.unpacked(message)
         if isinstance(fn, bytes):
             fn = _function(fn)
         out = [fn(*a) if star else fn(a) for a in calls]
