@@ -82,7 +82,11 @@ def token(fn):
         if not steady(value):
             return None
         parts += [name, value]
-    for name, value in fn.__annotations__.items():
+    try:
+        annotations = fn.__annotations__  # evaluated when read, from Python 3.14 on
+    except Exception:  # noqa: BLE001 - one that names what is not defined: no token
+        return None
+    for name, value in annotations.items():
         if not steady(value):
             return None
         parts += [name, value]
