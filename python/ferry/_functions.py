@@ -20,7 +20,10 @@ import threading
 import types
 import weakref
 
-_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
+from . import _pickle
+
+# What pickle writes by itself, but for bytearray, which changes in place.
+_ATOMS = _pickle.ATOMS - {bytearray}
 _MAX_DEPTH = 4  # tuples in tuples: deeper ones are not worth the walk
 
 
@@ -66,45 +69,26 @@ def token(fn):
     whether it changed (see the module's note), or fn is not a plain function."""
     if type(fn) is not types.FunctionType or fn.__dict__:
         return None
-    parts = [fn.__code__, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__]
-    bound = fn.__globals__
-    for name in _names(fn.__code__):
-        if name in bound:
-            value = bound[name]
-            if not steady(value):
-                return None
-            parts.append(value)
-    for value in (fn.__defaults__ or ()):
-        if not steady(value):
-            return None
-        parts.append(value)
-    for name, value in sorted((fn.__kwdefaults__ or {}).items()):
-        if not steady(value):
-            return None
-        parts += [name, value]
     try:
         annotations = fn.__annotations__  # evaluated when read, from Python 3.14 on
-    except Exception:  # noqa: BLE001 - one that names what is not defined: no token
+        cells = [cell.cell_contents for cell in fn.__closure__ or ()]
+    except Exception:  # noqa: BLE001 - an annotation naming what is not defined, an empty cell
         return None
-    for name, value in annotations.items():
-        if not steady(value):
-            return None
-        parts += [name, value]
-    for cell in fn.__closure__ or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # a cell not filled yet
-            return None
-        if not steady(value):
-            return None
-        parts.append(value)
-    return tuple(parts)
+    bound = fn.__globals__
+    # What travels by value with it: the globals it names, its defaults, annotations and cells.
+    taken = [bound[name] for name in _names(fn.__code__) if name in bound]
+    taken += fn.__defaults__ or ()
+    for name, value in sorted((fn.__kwdefaults__ or {}).items()) + list(annotations.items()):
+        taken += [name, value]
+    taken += cells
+    if not all(steady(value) for value in taken):
+        return None
+    return (fn.__code__, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__, *taken)
 
 
 def same(a, b):
     """Whether two tokens hold the very same objects, in the same places."""
-    return a is not None and b is not None and len(a) == len(b) and \
-        all(x is y for x, y in zip(a, b))
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 class Pickled:
@@ -119,11 +103,10 @@ class Pickled:
         """fn's payload: the one kept, while its token holds; else make(), kept when fn has a
         token and make() says it may be ((payload, keep) -> payload)."""
         t = token(fn)
-        if t is not None:
-            with self._lock:
-                kept = self._kept.get(fn)
-            if kept is not None and same(kept[0], t):
-                return kept[1]
+        with self._lock:
+            kept = self._kept.get(fn) if t is not None else self._kept.pop(fn, None)
+        if t is not None and kept is not None and same(kept[0], t):
+            return kept[1]
         payload, keep = make()
         if t is not None and keep:
             with self._lock:

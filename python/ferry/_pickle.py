@@ -124,24 +124,24 @@ _CLOUD = None
 # Types that hold no tensor and that pickle writes by itself, in C. A message of only these (an
 # empty task's call and result, most often) needs no pickler of ferry's: its persistent_id is a
 # Python call for every object saved, 10x the cost of the pickling itself for a small message.
-_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
+ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
 
 
 def _plain(obj, depth=4):
     """Whether obj is atoms in tuples, lists and dicts (exact types, nested at most `depth`)."""
     t = type(obj)
-    if t in _ATOMS:
+    if t in ATOMS:
         return True
     if not depth:
         return False
     if t is tuple or t is list:
         for x in obj:
-            if type(x) not in _ATOMS and not _plain(x, depth - 1):
+            if type(x) not in ATOMS and not _plain(x, depth - 1):
                 return False
         return True
     if t is dict:
         for k, v in obj.items():
-            if type(k) not in _ATOMS or (type(v) not in _ATOMS and not _plain(v, depth - 1)):
+            if type(k) not in ATOMS or (type(v) not in ATOMS and not _plain(v, depth - 1)):
                 return False
         return True
     return False

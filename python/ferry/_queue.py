@@ -123,7 +123,7 @@ class Queue:
                 raise _stdqueue.Empty
         self._answered()
         # (object,) when the message was plain and decoded in the call; else (payload, bases).
-        return message[0] if len(message) == 1 else _pickle.loads(*message)
+        return _pickle.unpacked(message)
 
     def _attempt_get(self, seconds):
         message = self._q.get(seconds)
