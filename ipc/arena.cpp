@@ -28,23 +28,39 @@ Arena* g_local = nullptr;
 [[maybe_unused]] const int g_atfork = pthread_atfork(
     [] { g_local_mu.lock(); }, [] { g_local_mu.unlock(); }, [] { g_local_mu.unlock(); });
 
+// This process's ledger if it has made one (arenas are never freed: it outlives the lock).
+Ledger* existing_local_ledger() {
+  Arena* arena;
+  {
+    std::lock_guard<std::mutex> lock(g_local_mu);
+    arena = g_local && g_local->pid() == current_pid() ? g_local : nullptr;
+  }
+  return arena ? arena->existing_ledger() : nullptr;
+}
+
 // On the segment server's thread, the moment a process it served exits: the dead process's
 // leases are taken back (the blocks they kept, and the queues their messages were routed through,
 // which a queue the user has dropped no longer keeps open), and its segments mapped here are let
-// go. The next send would do the same, but a process that sends no more would keep them.
+// go. The next send would do the same, but a process that sends no more would keep them. It
+// also runs once a second while leases are out (leases_out), for holders nobody watched.
 void reader_exited() noexcept {
   try {
-    Arena* arena;
-    {
-      std::lock_guard<std::mutex> lock(g_local_mu);
-      arena = g_local && g_local->pid() == current_pid() ? g_local : nullptr;
-    }
-    // Arenas are never freed, so this one outlives the lock.
-    if (Ledger* ledger = arena ? arena->existing_ledger() : nullptr) ledger->reclaim(true);
+    if (Ledger* ledger = existing_local_ledger()) ledger->reclaim(true);
   } catch (const std::exception& e) {
     log().warn("taking back the leases of a process that exited: {}", e.what());
   }
   drop_dead_peer_segments();
+}
+
+// Whether reader_exited() should also run now and then: while a lease is out, its holder may be
+// a process the segment server never watched.
+bool leases_out() noexcept {
+  try {
+    Ledger* ledger = existing_local_ledger();
+    return ledger && ledger->outstanding() > 0;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -74,7 +90,7 @@ Ledger& Arena::ledger() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ledger_) {
     ledger_ = Ledger::create(options_.lease_slots);
-    set_reader_exit_hook(&reader_exited);
+    set_reader_exit_hook(&reader_exited, &leases_out);
     publish_segment(0, ledger_->segment());
   }
   return *ledger_;

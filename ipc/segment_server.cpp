@@ -6,8 +6,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <future>
@@ -16,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ipc/clock.hpp"
 #include "ipc/control_socket.hpp"
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
@@ -66,25 +69,50 @@ struct Server {
 std::mutex g_mu;
 Server* g_server = nullptr;
 std::atomic<void (*)() noexcept> g_reader_exit_hook{nullptr};
-// Readers watched at most: beyond, a reader's death is noticed by the ledger's own checks.
+std::atomic<bool (*)() noexcept> g_sweep_pending{nullptr};
+// How often the hook also runs while g_sweep_pending says so: the bound on how long a lease
+// outlives a reader this server never watched (a child forked after its parent mapped our
+// segments uses them without asking) or stopped watching (beyond kMaxWatched).
+constexpr int kSweepMs = 1000;
+// Readers watched at most: beyond, a reader's death is noticed by the sweep (kSweepMs).
 constexpr std::size_t kMaxWatched = 1024;
 
 [[maybe_unused]] const int g_atfork =
     pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 
-// Serves one request; returns the pid of the process that got a segment, or 0.
-pid_t serve_one(int conn) {
+struct Reader {
+  pid_t pid;
+  UniqueFd pidfd;  // readable once the reader has exited
+};
+
+// Starts watching `pid` unless it is watched already. Called before the reader gets its reply,
+// while it waits for it: the pid is still its own, so no reader can exit (and have its pid
+// reused) between being served and being watched.
+void watch(std::vector<Reader>& readers, pid_t pid) {
+  if (readers.size() >= kMaxWatched) return;
+  for (const Reader& r : readers) {
+    if (r.pid == pid) return;
+  }
+  try {
+    readers.push_back({pid, open_pidfd(pid)});
+  } catch (const Error& e) {
+    log().debug("segment server: not watching pid {}: {}", pid, e.detail());
+  }
+}
+
+// Serves one request; a process about to get a segment is watched first.
+void serve_one(int conn, std::vector<Reader>& readers) {
   ucred cred{};
   socklen_t len = sizeof cred;
   if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
-    return 0;  // only processes of our own user may map our memory
+    return;  // only processes of our own user may map our memory
   }
   pollfd p{conn, POLLIN, 0};
-  if (::poll(&p, 1, 1000) != 1) return 0;  // a peer that connects and says nothing is dropped
+  if (::poll(&p, 1, 1000) != 1) return;  // a peer that connects and says nothing is dropped
   Request req{};
   if (::recv(conn, &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req) ||
       req.magic != kRequestMagic) {
-    return 0;
+    return;
   }
   Published found;
   {
@@ -104,33 +132,12 @@ pid_t serve_one(int conn) {
     bytes = found.bundle->bytes;
     for (const UniqueFd& fd : found.bundle->fds) fds.push_back(fd.get());
   }
+  if (reply.status == kFound && cred.pid > 0) watch(readers, cred.pid);
   bytes.insert(0, reinterpret_cast<const char*>(&reply), sizeof reply);
   try {
     send_control(conn, bytes, fds);
   } catch (const Error& e) {
     log().debug("segment server: answering pid {}: {}", cred.pid, e.detail());
-    return 0;
-  }
-  return reply.status == kFound && cred.pid > 0 ? cred.pid : 0;
-}
-
-struct Reader {
-  pid_t pid;
-  UniqueFd pidfd;  // readable once the reader has exited
-};
-
-// Starts watching `pid` unless it is watched already. A reader that exits before its pidfd is
-// opened is missed (or, its pid reused, a stranger is watched): the hook then runs late or in
-// vain, and the ledger's own checks still find the death.
-void watch(std::vector<Reader>& readers, pid_t pid) {
-  if (readers.size() >= kMaxWatched) return;
-  for (const Reader& r : readers) {
-    if (r.pid == pid) return;
-  }
-  try {
-    readers.push_back({pid, open_pidfd(pid)});
-  } catch (const Error& e) {
-    log().debug("segment server: not watching pid {}: {}", pid, e.detail());
   }
 }
 
@@ -138,15 +145,27 @@ void serve_forever(int listen_fd, std::shared_ptr<std::promise<void>> started) {
   started->set_value();
   std::vector<Reader> readers;
   std::vector<pollfd> polled;
+  // Counted from the last sweep, so that a server kept busy by requests still sweeps.
+  auto next_sweep = Clock::now() + std::chrono::milliseconds(kSweepMs);
   for (;;) {
     polled.assign(1, pollfd{listen_fd, POLLIN, 0});
     for (const Reader& r : readers) polled.push_back({r.pidfd.get(), POLLIN, 0});
-    if (::poll(polled.data(), polled.size(), -1) < 0) {
+    const auto pending = g_sweep_pending.load();
+    int timeout = -1;
+    if (pending && pending()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_sweep - Clock::now());
+      timeout = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+    } else {
+      next_sweep = Clock::now() + std::chrono::milliseconds(kSweepMs);
+    }
+    if (::poll(polled.data(), polled.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       log().error("segment server stopped: poll: {}", std::strerror(errno));
       return;
     }
-    bool exited = false;
+    // A sweep runs the hook as if someone had exited.
+    bool exited = timeout >= 0 && Clock::now() >= next_sweep;
+    if (exited) next_sweep = Clock::now() + std::chrono::milliseconds(kSweepMs);
     for (std::size_t i = polled.size(); i-- > 1;) {
       if (polled[i].revents == 0) continue;
       log().debug("segment server: reader {} exited", readers[i - 1].pid);
@@ -168,9 +187,8 @@ void serve_forever(int listen_fd, std::shared_ptr<std::promise<void>> started) {
       log().error("segment server stopped: accept: {}", std::strerror(errno));
       return;
     }
-    const pid_t reader = serve_one(conn);
+    serve_one(conn, readers);
     ::close(conn);
-    if (reader > 0) watch(readers, reader);
   }
 }
 
@@ -218,7 +236,8 @@ void withdraw_segment(std::uint32_t seq) {
   if (g_server && g_server->pid == current_pid()) g_server->published.erase(seq);
 }
 
-void set_reader_exit_hook(void (*hook)() noexcept) noexcept {
+void set_reader_exit_hook(void (*hook)() noexcept, bool (*pending)() noexcept) noexcept {
+  g_sweep_pending.store(pending);
   g_reader_exit_hook.store(hook);
 }
 

@@ -54,9 +54,11 @@ FdBundle fetch_bundle(pid_t owner_pid, std::uint64_t owner_token, std::uint32_t 
 // This process's own published segment `seq`, or null.
 std::shared_ptr<Segment> find_published_segment(std::uint32_t seq);
 
-// What the serving thread runs when a process it served has exited. One per process; it must
-// not throw.
-void set_reader_exit_hook(void (*hook)() noexcept) noexcept;
+// What the serving thread runs when a process it served has exited, and also once a second
+// while `pending` (if given) returns true: a process that uses our segments without having
+// asked for them (forked from one that had) is found dead within that second. One per
+// process; neither may throw.
+void set_reader_exit_hook(void (*hook)() noexcept, bool (*pending)() noexcept = nullptr) noexcept;
 
 // Fetches the fd of segment `seq` from its owner. Throws Error(peer_dead) when the owner has
 // exited, Error(fd_transfer) when it refuses or no longer has the segment, Error(timeout).

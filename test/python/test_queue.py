@@ -38,6 +38,15 @@ def _hold(q_in, q_out):
     return held
 
 
+def _hold_then_fork_a_holder(q_in, q_out):
+    # Maps the producer's memory, then forks a child that uses it without ever asking the
+    # producer for it (a DataLoader worker forked from a process that had received tensors).
+    q_in.get(timeout=30)
+    child = mp.get_context("fork").Process(target=_hold, args=(q_in, q_out))
+    child.start()
+    time.sleep(60)
+
+
 def _wait_for(path):
     deadline = time.monotonic() + 60
     while not os.path.exists(path) and time.monotonic() < deadline:
@@ -409,6 +418,15 @@ def _ferry_fds():
     return out
 
 
+def _make_arena():
+    """Makes this process's arena, its ledger and its segment server (they stay for good) before a
+    test counts what it has open; earlier leases are back by then."""
+    q = ferry.Queue()
+    q.put(torch.ones(1 << 18))
+    q.get(timeout=30)
+    assert wait_until(lambda: ferry.stats()["arena"]["leases_outstanding"] == 0)
+
+
 def _shm_mappings():
     """(inode, path) of each shared-memory segment this process maps: ferry's memfds all have the
     one path, so the inode tells them apart."""
@@ -426,7 +444,7 @@ def test_a_killed_consumer_leaves_the_producer_nothing_open(method):
     # What the dead consumer pinned here (its lease kept the dropped queue's channel open; its own
     # segments stayed mapped) is let go as it dies, with no call into ferry.
     ctx = mp.get_context(method)
-    # The arena, its ledger and its server exist before; earlier leases are back.
+    _make_arena()
     leases = ferry.stats()["arena"]["leases_outstanding"]
     fds, maps = _ferry_fds(), _shm_mappings()
     q_in, q_out = ferry.Queue(), ferry.Queue()
@@ -441,6 +459,32 @@ def test_a_killed_consumer_leaves_the_producer_nothing_open(method):
         set(_ferry_fds().items()) - set(fds.items())
     assert wait_until(lambda: _shm_mappings() <= maps, timeout=5), _shm_mappings() - maps
     assert ferry.stats()["arena"]["leases_outstanding"] == leases
+
+
+def test_a_killed_consumer_the_producer_never_served_leaves_it_nothing_open():
+    # The grandchild inherits its parent's mapping of the producer's memory, so the producer never
+    # hears from it and cannot watch it; its lease is still taken back, with no call into ferry.
+    ctx = mp.get_context("fork")
+    _make_arena()
+    leases = ferry.stats()["arena"]["leases_outstanding"]
+    fds = _ferry_fds()
+    q_in, q_out = ferry.Queue(), ferry.Queue()
+    parent = ctx.Process(target=_hold_then_fork_a_holder, args=(q_in, q_out))
+    parent.start()
+    try:
+        q_in.put(torch.ones(1 << 18))
+        q_in.put(torch.ones(1 << 18))
+        pid = q_out.get(timeout=60)
+        kill(pid)
+        del q_in, q_out
+        # The queues' memory and custody sockets; the producer still watches the living parent.
+        left = lambda: {fd for fd in set(_ferry_fds().items()) - set(fds.items())
+                        if fd[1] != "anon_inode:[pidfd]"}
+        assert wait_until(lambda: not left(), timeout=5), (left(), ferry.stats()["arena"])
+        assert ferry.stats()["arena"]["leases_outstanding"] == leases
+    finally:
+        kill(parent.pid)
+        parent.join(30)
 
 
 _PRODUCER = """
