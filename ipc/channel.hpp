@@ -145,6 +145,11 @@ class Channel {
   // What this process has learnt of its waits for messages and for room (how long it polls).
   const SpinPolicy& pop_spin() const noexcept { return pop_spin_; }
   const SpinPolicy& push_spin() const noexcept { return push_spin_; }
+  // This process's waits on this channel give the core away between polls (SpinPolicy).
+  void set_yielding(bool on) noexcept {
+    push_spin_.set_yielding(on);
+    pop_spin_.set_yielding(on);
+  }
 
   ~Channel();
   Channel(const Channel&) = delete;

@@ -76,7 +76,7 @@ void wait_for_change(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t
                      const std::atomic<std::int64_t>* woken_ns, std::uint32_t seen,
                      std::chrono::nanoseconds slice, SpinPolicy& spin) noexcept {
   const Clock::time_point start = Clock::now();
-  if (spin_until_changed(*word, seen, std::min(spin.budget(), slice))) {
+  if (spin_until_changed(*word, seen, std::min(spin.budget(), slice), spin.yielding())) {
     spin.record(Clock::now() - start);
     return;
   }

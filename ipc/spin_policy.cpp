@@ -66,7 +66,7 @@ nanoseconds answered_after(Clock::time_point start, Clock::time_point woken_at,
 }
 
 bool spin_until_changed(const std::atomic<std::uint32_t>& word, std::uint32_t seen,
-                        nanoseconds budget) noexcept {
+                        nanoseconds budget, bool yielding) noexcept {
   if (budget.count() <= 0) return false;
   const Clock::time_point until = Clock::now() + budget;
   for (;;) {
@@ -76,6 +76,7 @@ bool spin_until_changed(const std::atomic<std::uint32_t>& word, std::uint32_t se
       cpu_relax();
     }
     if (Clock::now() >= until) return word.load(std::memory_order_acquire) != seen;
+    if (yielding) ::sched_yield();
   }
 }
 

@@ -21,6 +21,14 @@
 // it counted, two peers whose wake-ups each take most of the ceiling would each see waits of two
 // wake-ups, over the ceiling, and both stay asleep for good although either answers at once.
 //
+// A yielding policy gives the core away between polls (sched_yield): a thread that needs it and
+// waits on this core's queue runs first, and with none the call returns at once. It is for waits
+// among more busy threads than cores, such as a pool's (caller, dispatcher, collector and
+// workers): on two cores an empty task in flight went from 6.9-8.9 µs to 3.1-5.5 µs with two
+// workers, and a Python apply() at a time from 78-82 µs to 18 µs. It is off by default: yielding
+// in every wait cost a plain queue's round trip between two Python processes 0.5-10 µs
+// (docs/benchmarks.md, issue 44's third session).
+//
 // One policy per waiting role and channel in a process. Threads share it: its one word is read
 // and written relaxed, so concurrent records may lose one another, which only skews a guess.
 #pragma once
@@ -48,6 +56,9 @@ class SpinPolicy {
   void record(std::chrono::nanoseconds waited) noexcept;
 
   std::chrono::nanoseconds ceiling() const noexcept { return ceiling_; }
+  // Whether polls give the core away between checks (see above).
+  void set_yielding(bool on) noexcept { yielding_.store(on, std::memory_order_relaxed); }
+  bool yielding() const noexcept { return yielding_.load(std::memory_order_relaxed); }
   std::chrono::nanoseconds typical() const noexcept {
     return std::chrono::nanoseconds(typical_ns_.load(std::memory_order_relaxed));
   }
@@ -57,6 +68,7 @@ class SpinPolicy {
   // Starts at the ceiling: a fresh waiter spins, as a peer that answers at once is the case that
   // most needs it, and one sleep tells it otherwise.
   std::atomic<std::int64_t> typical_ns_;
+  std::atomic<bool> yielding_{false};
 };
 
 // How long a wait that slept took to be answered: from `start` to `woken_at`, the time its waker
@@ -67,8 +79,9 @@ std::chrono::nanoseconds answered_after(std::chrono::steady_clock::time_point st
                                         std::chrono::steady_clock::time_point woken_at,
                                         std::chrono::steady_clock::time_point end) noexcept;
 
-// Polls `word` until it differs from `seen` or `budget` has passed; true if it changed.
+// Polls `word` until it differs from `seen` or `budget` has passed; true if it changed. With
+// `yielding`, the core is given away between rounds of polls.
 bool spin_until_changed(const std::atomic<std::uint32_t>& word, std::uint32_t seen,
-                        std::chrono::nanoseconds budget) noexcept;
+                        std::chrono::nanoseconds budget, bool yielding = false) noexcept;
 
 }  // namespace ferry

@@ -304,6 +304,11 @@ void TensorQueue::close() noexcept {
 bool TensorQueue::closed() const noexcept {
   return channel_->closed();
 }
+
+void TensorQueue::set_yielding(bool on) noexcept {
+  channel_->set_yielding(on);
+}
+
 std::uint32_t TensorQueue::capacity() const noexcept {
   return channel_->capacity();
 }

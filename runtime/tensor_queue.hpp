@@ -116,6 +116,9 @@ class TensorQueue {
   std::uint32_t max_messages() const noexcept;  // Options::max_messages
   int fd() const noexcept;                      // pass to a spawned child (clear FD_CLOEXEC first)
   int custody_fd() const noexcept;              // pass it too; -1 when this process has none
+  // This process's waits on the queue give the core away between polls: for queues among more
+  // busy threads than cores, as a pool's are (ipc/spin_policy.hpp). Off by default.
+  void set_yielding(bool on) noexcept;
 
  private:
   explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}

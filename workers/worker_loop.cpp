@@ -246,6 +246,8 @@ int serve_tasks(int control) {
   }
   TensorQueue tasks = TensorQueue::attach(m.fds[0].get());
   TensorQueue results = TensorQueue::attach(m.fds[1].get());
+  tasks.set_yielding(true);  // as the supervisor's side does (worker_process.cpp)
+  results.set_yielding(true);
   m.fds.clear();
   NamedTensors shared;
   try {

@@ -61,6 +61,10 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
     executable_ = executable;
     TensorQueue tasks_q = TensorQueue::create({spec.queue_capacity});
     TensorQueue results_q = TensorQueue::create({spec.queue_capacity});
+    // The caller, the dispatcher, the collector and the workers outnumber the cores of a small
+    // machine: their polls give way to one another (the worker does the same on its side).
+    tasks_q.set_yielding(true);
+    results_q.set_yielding(true);
     auto [mine, theirs] = control_socket_pair();
     others.push_back(mine.get());
     LaunchedWorker w = launch_worker(how_, theirs.get(), executable, others, spec.args);

@@ -1,5 +1,6 @@
 // How long a waiter polls before it sleeps: one case per rule of SpinPolicy, the poll itself, and
 // what a user relies on in a channel: an idle waiter costs no CPU once its spin is spent.
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -154,6 +155,41 @@ TEST_CASE("the poll sees a change made by another thread and gives up after its 
   const bool changed = ferry::spin_until_changed(word, 7, std::chrono::seconds(5));
   other.join();
   CHECK(changed);
+}
+
+TEST_CASE("a yielding poll on a core it shares sees the change and gives up after its budget",
+          "[spin]") {
+  // Both threads on one CPU: the poller gives that core away between its polls, so the other
+  // thread's store lands while the poll is still within its budget.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  cpu_set_t all;
+  REQUIRE(::sched_getaffinity(0, sizeof all, &all) == 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &all)) ++cpu;
+  CPU_SET(cpu, &one);
+  std::atomic<std::uint32_t> word{7};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(ferry::spin_until_changed(word, 7, microseconds(200), true));
+  CHECK(std::chrono::steady_clock::now() - t0 >= microseconds(200));
+
+  std::atomic<bool> pinned{false};
+  std::thread other([&] {
+    ::sched_setaffinity(0, sizeof one, &one);
+    pinned = true;
+    std::this_thread::sleep_for(milliseconds(5));
+    word.store(8, std::memory_order_release);
+  });
+  REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);
+  while (!pinned) std::this_thread::yield();
+  const bool changed = ferry::spin_until_changed(word, 7, std::chrono::seconds(5), true);
+  ::sched_setaffinity(0, sizeof all, &all);
+  other.join();
+  CHECK(changed);
+  ferry::SpinPolicy policy(microseconds(100));
+  CHECK_FALSE(policy.yielding());  // off unless a queue asks for it
+  policy.set_yielding(true);
+  CHECK(policy.yielding());
 }
 
 TEST_CASE("a process waiting on an empty channel costs no CPU once its spin is spent",
