@@ -24,7 +24,7 @@
 // A yielding policy gives the core away between polls (sched_yield): a thread that needs it and
 // waits on this core's queue runs first, and with none the call returns at once. It is for waits
 // among more busy threads than cores, such as a pool's (caller, dispatcher, collector and
-// workers): on two cores an empty task in flight went from 6.9-8.9 µs to 3.1-5.5 µs with two
+// workers): on two cores an empty task in flight went from 6.6-8.1 µs to 3.1-5.5 µs with two
 // workers, and a Python apply() at a time from 78-82 µs to 18 µs. It is off by default: yielding
 // in every wait cost a plain queue's round trip between two Python processes 0.5-10 µs
 // (docs/benchmarks.md, issue 44's third session).
