@@ -157,7 +157,7 @@ std::shared_ptr<HeadHub::Host> HeadHub::find(int slot) const {
 }
 
 void HeadHub::send(int slot, std::uint64_t task, std::uint32_t attempt, const std::string& name,
-                   const Tensors& inputs) {
+                   const Tensors& inputs, const Prelude* prelude) {
   const std::shared_ptr<Host> h = find(slot);
   if (!h || h->lost.load()) {
     throw Error(Errc::peer_dead, "slot " + std::to_string(slot) + " is no host that is live");
@@ -170,7 +170,15 @@ void HeadHub::send(int slot, std::uint64_t task, std::uint32_t attempt, const st
     h->last_sent = std::chrono::steady_clock::now();
   }
   try {
-    h->link->send(FrameKind::task, seq, name, inputs);
+    if (prelude) {
+      // The prelude's tensors lead; the host's own pool sends them on once per worker.
+      Tensors all = prelude->tensors;
+      all.insert(all.end(), inputs.begin(), inputs.end());
+      h->link->send(FrameKind::task, seq, task_body(name, prelude->id, prelude->tensors.size()),
+                    all);
+    } else {
+      h->link->send(FrameKind::task, seq, task_body(name, 0, 0), inputs);
+    }
   } catch (const Error& e) {
     {
       std::lock_guard<std::mutex> lock(h->mu);

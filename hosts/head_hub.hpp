@@ -66,7 +66,7 @@ class HeadHub : public RemoteWorkers {
 
   void start(RemoteEvents& events) override;
   void send(int slot, std::uint64_t task, std::uint32_t attempt, const std::string& name,
-            const Tensors& inputs) override;
+            const Tensors& inputs, const Prelude* prelude) override;
   void stop() override;
 
   HeadHub(const HeadHub&) = delete;

@@ -1,5 +1,6 @@
 #include "hosts/host_frame.hpp"
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -11,7 +12,7 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x4b4e494c'59525246ull;  // "FRRYLINK" little-endian
 // 2: 8 KiB, 64 tensors; 3: 16 KiB, inline payloads; 4: slabs; 5: wide frames announced
-constexpr std::uint32_t kVersion = 5;
+constexpr std::uint32_t kVersion = 6;
 constexpr std::uint32_t kNextWide = 1;  // Head::flags
 
 // The fixed part, then one entry per tensor, the body, and the inline payloads.
@@ -99,6 +100,31 @@ Carrier carrier_of(const Frame& f) {
   std::uint64_t total = 0;
   for (const TensorShape& t : f.tensors) total += payload_bytes(t);
   return payload_carrier(total, 0);
+}
+
+// A task with a prelude: this mark, "<id> <tensors>", the mark again, then the name. No task
+// name begins with a control character, so a plain name reads as itself.
+constexpr char kPreludeMark = '\x1e';
+
+std::string task_body(const std::string& name, std::uint64_t prelude, std::size_t prelude_tensors) {
+  if (prelude == 0) return name;
+  return kPreludeMark + std::to_string(prelude) + " " + std::to_string(prelude_tensors) +
+         kPreludeMark + name;
+}
+
+TaskBody parse_task_body(const std::string& body, std::size_t tensors) {
+  if (body.empty() || body[0] != kPreludeMark) return {body, 0, 0};
+  const std::size_t end = body.find(kPreludeMark, 1);
+  unsigned long long id = 0;
+  std::size_t count = 0;
+  int used = 0;
+  if (end == std::string::npos ||
+      std::sscanf(body.substr(1, end - 1).c_str(), "%llu %zu%n", &id, &count, &used) != 2 ||
+      static_cast<std::size_t>(used) != end - 1 || id == 0 || count > tensors) {
+    bad("a task's prelude part is malformed or claims more tensors than the frame's " +
+        std::to_string(tensors));
+  }
+  return {body.substr(end + 1), static_cast<std::uint64_t>(id), count};
 }
 
 std::string result_body(bool ok, const std::string& error) {

@@ -132,6 +132,17 @@ Frame decode_frame(const FrameBytes& bytes, std::uint64_t max_payload_bytes);
 // when the frame came wide, else it follows apart (plan_message()).
 Carrier carrier_of(const Frame& f);
 
+// A task frame's body: the task's name, and where the task has a prelude (runtime/prelude.hpp),
+// its id on the head and how many of the frame's tensors, first, are its tensors.
+std::string task_body(const std::string& name, std::uint64_t prelude, std::size_t prelude_tensors);
+struct TaskBody {
+  std::string name;
+  std::uint64_t prelude = 0;
+  std::size_t prelude_tensors = 0;
+};
+// Error(bad_record) for a prelude part that is malformed or claims more than `tensors` tensors.
+TaskBody parse_task_body(const std::string& body, std::size_t tensors);
+
 // A result frame's body: "ok", or "error: " and the task's error, cut to fit kMaxFrameBody.
 std::string result_body(bool ok, const std::string& error);
 struct ResultBody {

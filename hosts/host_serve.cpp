@@ -93,40 +93,77 @@ void send_loop(HostLink& link, Outbox& box, const ServeOptions& options,
   }
 }
 
+// The head's preludes as this host's pool knows them: one prelude of this process per head id, so
+// that this host's workers get each once. The newest few are kept; one older that comes again
+// is made anew (the head sends its tensors with every task).
+class HeadPreludes {
+ public:
+  PreludePtr get(std::uint64_t id, Tensors tensors) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if (it->first == id) {
+        PreludePtr p = it->second;
+        kept_.erase(it);
+        kept_.emplace_back(id, p);
+        return p;
+      }
+    }
+    PreludePtr p = make_prelude(std::move(tensors));
+    kept_.emplace_back(id, p);
+    if (kept_.size() > kPreludesPerWorker) kept_.pop_front();
+    return p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<std::pair<std::uint64_t, PreludePtr>> kept_;  // least recently used first
+};
+
 // Where tasks go: the pool once it runs; until then they wait here (the pool may still be
 // starting on another thread).
 struct Gate {
   std::mutex mu;
+  HeadPreludes preludes;
   Pool* pool = nullptr;
   bool failed = false;  // the pool did not start: tasks are dropped, the head retries them
   std::exception_ptr error;
   std::vector<Message> waiting;
 };
 
-void hand(Pool& pool, Message m, const std::shared_ptr<Outbox>& box) {
+void hand(Pool& pool, HeadPreludes& preludes, Message m, const std::shared_ptr<Outbox>& box) {
   const std::uint64_t seq = m.frame.seq;
   try {
-    pool.submit(m.frame.body, std::move(m.tensors), [box, seq](Pool::Result&& r) {
-      Reply reply{seq, !r.error, {}, std::move(r.outputs)};
-      if (r.error) {
-        try {
-          std::rethrow_exception(r.error);
-        } catch (const TaskError& e) {
-          reply.error = e.what();
-          // The detail goes as the reply's one tensor (RemoteEvents::finished).
-          if (!e.detail().empty()) {
-            at::Tensor d = at::empty({static_cast<std::int64_t>(e.detail().size())}, at::kByte);
-            std::memcpy(d.data_ptr(), e.detail().data(), e.detail().size());
-            reply.outputs = {std::move(d)};
+    const TaskBody task = parse_task_body(m.frame.body, m.tensors.size());
+    PreludePtr prelude;
+    if (task.prelude != 0) {
+      const auto end = m.tensors.begin() + static_cast<std::ptrdiff_t>(task.prelude_tensors);
+      prelude = preludes.get(task.prelude, Tensors(m.tensors.begin(), end));
+      m.tensors.erase(m.tensors.begin(), end);
+    }
+    pool.submit(
+        task.name, std::move(m.tensors),
+        [box, seq](Pool::Result&& r) {
+          Reply reply{seq, !r.error, {}, std::move(r.outputs)};
+          if (r.error) {
+            try {
+              std::rethrow_exception(r.error);
+            } catch (const TaskError& e) {
+              reply.error = e.what();
+              // The detail goes as the reply's one tensor (RemoteEvents::finished).
+              if (!e.detail().empty()) {
+                at::Tensor d = at::empty({static_cast<std::int64_t>(e.detail().size())}, at::kByte);
+                std::memcpy(d.data_ptr(), e.detail().data(), e.detail().size());
+                reply.outputs = {std::move(d)};
+              }
+            } catch (const std::exception& e) {
+              reply.error = e.what();
+            } catch (...) {
+              reply.error = "an unknown exception";
+            }
           }
-        } catch (const std::exception& e) {
-          reply.error = e.what();
-        } catch (...) {
-          reply.error = "an unknown exception";
-        }
-      }
-      box->push(std::move(reply));
-    });
+          box->push(std::move(reply));
+        },
+        kForever, std::move(prelude));
   } catch (const Error& e) {
     box->push(Reply{seq, false, e.what(), {}});
   }
@@ -151,7 +188,7 @@ ServeEnd serve(const std::function<Pool&()>* start, Gate& gate, HostLink& link,
           gate.pool = &pool;
           waiting.swap(gate.waiting);
         }
-        for (Message& m : waiting) hand(pool, std::move(m), box);
+        for (Message& m : waiting) hand(pool, gate.preludes, std::move(m), box);
         box->say_ready();
       } catch (...) {
         {
@@ -207,7 +244,7 @@ ServeEnd serve(const std::function<Pool&()>* start, Gate& gate, HostLink& link,
           }
           pool = gate.pool;
         }
-        hand(*pool, std::move(m), box);
+        hand(*pool, gate.preludes, std::move(m), box);
         break;
       }
       case FrameKind::result:

@@ -6,6 +6,7 @@
 #include "runtime/cuda_ipc.hpp"            // ferry::source_alive()
 #include "runtime/peer_exit.hpp"           // ferry::notify_peer_exit(), ferry::release_dead_peers()
 #include "runtime/pool.hpp"                // ferry::Pool, ferry::TaskError
+#include "runtime/prelude.hpp"             // ferry::make_prelude()
 #include "runtime/shared_allocations.hpp"  // ferry::SharedAllocations
 #include "runtime/shared_module.hpp"       // ferry::share_module(), ferry::share_optimizer()
 #include "runtime/shared_tensor.hpp"       // ferry::empty_shared(), ferry::arena_stats()

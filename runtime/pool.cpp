@@ -90,10 +90,11 @@ struct Pool::State {
   }
 
   void submit(const std::string& name, Tensors inputs, std::optional<std::size_t> index,
-              std::chrono::milliseconds timeout, Completion done) {
+              std::chrono::milliseconds timeout, Completion done, PreludePtr prelude = nullptr) {
     auto task = std::make_shared<supervisor::Task>();
     task->name = name;
     task->inputs = std::move(inputs);
+    task->prelude = std::move(prelude);
     task->done = [done = std::move(done)](supervisor::Task& t, std::exception_ptr error,
                                           Tensors outputs, int worker) {
       Result r;
@@ -251,22 +252,25 @@ Pool::~Pool() {
 }
 
 std::future<Tensors> Pool::submit(const std::string& task, Tensors inputs,
-                                  std::chrono::milliseconds timeout) {
+                                  std::chrono::milliseconds timeout, PreludePtr prelude) {
   auto promise = std::make_shared<std::promise<Tensors>>();
   std::future<Tensors> f = promise->get_future();
-  s_->submit(task, std::move(inputs), std::nullopt, timeout, [promise](Result&& r) {
-    if (r.error) {
-      promise->set_exception(r.error);
-    } else {
-      promise->set_value(std::move(r.outputs));
-    }
-  });
+  s_->submit(
+      task, std::move(inputs), std::nullopt, timeout,
+      [promise](Result&& r) {
+        if (r.error) {
+          promise->set_exception(r.error);
+        } else {
+          promise->set_value(std::move(r.outputs));
+        }
+      },
+      std::move(prelude));
   return f;
 }
 
 void Pool::submit(const std::string& task, Tensors inputs, std::function<void(Result&&)> done,
-                  std::chrono::milliseconds timeout) {
-  s_->submit(task, std::move(inputs), std::nullopt, timeout, std::move(done));
+                  std::chrono::milliseconds timeout, PreludePtr prelude) {
+  s_->submit(task, std::move(inputs), std::nullopt, timeout, std::move(done), std::move(prelude));
 }
 
 std::vector<Tensors> Pool::map(const std::string& task, const std::vector<Tensors>& inputs) {
@@ -304,6 +308,7 @@ Tensors Pool::Result::get() const {
 struct Pool::Results::State {
   std::shared_ptr<Pool::State> pool;
   std::string task;
+  PreludePtr prelude;     // every task's
   std::size_t count = 0;  // inputs; lowered to where the stream ended once make() says so
   std::function<std::optional<Tensors>(std::size_t)> make;
   std::size_t next_input = 0;
@@ -332,10 +337,12 @@ Pool::Results Pool::imap_unordered(const std::string& task, std::size_t count,
 }
 
 Pool::Results Pool::imap_unordered(const std::string& task,
-                                   std::function<std::optional<Tensors>(std::size_t)> next_input) {
+                                   std::function<std::optional<Tensors>(std::size_t)> next_input,
+                                   PreludePtr prelude) {
   auto st = std::make_shared<Results::State>();
   st->pool = s_;
   st->task = task;
+  st->prelude = std::move(prelude);
   st->count = std::numeric_limits<std::size_t>::max();  // until next_input says the end
   st->make = std::move(next_input);
   return Results(std::move(st));
@@ -379,15 +386,16 @@ std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeou
       }
       std::weak_ptr<State> weak = s_;
       try {
-        st.pool->submit(st.task, *st.held, i,
-                        st.outstanding > 0 ? std::chrono::milliseconds(0) : left(),
-                        [weak](Result&& r) {
-                          if (auto s = weak.lock()) {
-                            std::lock_guard<std::mutex> lock(s->mu);
-                            s->ready.push_back(std::move(r));
-                            s->arrived.notify_all();
-                          }
-                        });
+        st.pool->submit(
+            st.task, *st.held, i, st.outstanding > 0 ? std::chrono::milliseconds(0) : left(),
+            [weak](Result&& r) {
+              if (auto s = weak.lock()) {
+                std::lock_guard<std::mutex> lock(s->mu);
+                s->ready.push_back(std::move(r));
+                s->arrived.notify_all();
+              }
+            },
+            st.prelude);
       } catch (const Error& e) {
         if (e.code() != Errc::timeout) throw;
         if (st.outstanding == 0) throw timed_out();  // the input is kept for the next call

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "ipc/clock.hpp"
+#include "runtime/prelude.hpp"
 #include "runtime/remote_workers.hpp"
 #include "runtime/supervisor/pool_stats.hpp"
 #include "runtime/supervisor/restart_policy.hpp"
@@ -109,9 +110,11 @@ class Pool {
   // Runs `task` on `inputs` in some worker. Blocks while the pool is full (back-pressure), up to
   // `timeout` (then Error(timeout)). Throws Error(invalid_argument) for an unknown task or more
   // than 64 tensors, Error(closed) once closing. The future yields the task's outputs or throws
-  // TaskError.
+  // TaskError. A `prelude` goes to each worker once and is seen by the task as
+  // TaskContext::prelude (runtime/prelude.hpp); it and the inputs hold 64 tensors at most.
   std::future<Tensors> submit(const std::string& task, Tensors inputs,
-                              std::chrono::milliseconds timeout = kForever);
+                              std::chrono::milliseconds timeout = kForever,
+                              PreludePtr prelude = nullptr);
 
   // Runs `task` on every input and returns the outputs in input order. Every task ends before it
   // returns; then the first failure (in input order) is thrown as TaskError.
@@ -129,7 +132,7 @@ class Pool {
   // Runs `task` like submit() and calls `done` once, from a pool thread, when it ends (with its
   // outputs or its error); `done` must not block for long. Not called when this throws.
   void submit(const std::string& task, Tensors inputs, std::function<void(Result&&)> done,
-              std::chrono::milliseconds timeout = kForever);
+              std::chrono::milliseconds timeout = kForever, PreludePtr prelude = nullptr);
 
   class Results {
    public:
@@ -152,8 +155,10 @@ class Pool {
   // The same over inputs of a stream whose length is not known: `next_input(index)` makes input
   // `index` (0, 1, 2... in order, each once), or returns nullopt where the stream ends. It is
   // asked only as room frees up, so an endless stream is read as fast as results are taken.
+  // Every task of the stream shares `prelude` (submit()).
   Results imap_unordered(const std::string& task,
-                         std::function<std::optional<Tensors>(std::size_t)> next_input);
+                         std::function<std::optional<Tensors>(std::size_t)> next_input,
+                         PreludePtr prelude = nullptr);
 
   // Stops taking work, finishes or cancels what is left (per `how`), stops the workers (stop
   // token, then SIGKILL after stop_timeout; at once for Shutdown::Kill) and reaps them.

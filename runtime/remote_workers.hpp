@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/prelude.hpp"
 #include "runtime/tensor_queue.hpp"  // Tensors
 
 namespace ferry {
@@ -46,9 +47,10 @@ class RemoteWorkers {
   virtual ~RemoteWorkers() = default;
   // Starts taking slots; `events` outlives stop().
   virtual void start(RemoteEvents& events) = 0;
-  // Hands `name` with `inputs` to `slot` as attempt `attempt` of task `task`.
+  // Hands `name` with `inputs` to `slot` as attempt `attempt` of task `task`, with the task's
+  // `prelude` (null: none), which the remote side gives its own workers once each.
   virtual void send(int slot, std::uint64_t task, std::uint32_t attempt, const std::string& name,
-                    const Tensors& inputs) = 0;
+                    const Tensors& inputs, const Prelude* prelude) = 0;
   // Tells every slot the pool is closing and waits for the remote side's threads to end.
   virtual void stop() = 0;
 };

@@ -17,7 +17,7 @@ using nlohmann::json;
 constexpr std::int64_t kEnvelopeMagic = 0x46525259454e56;  // "FRRYENV"
 constexpr std::int64_t kTaskKind = 1;
 constexpr std::int64_t kResultKind = 2;
-constexpr std::int64_t kTaskWords = 5;
+constexpr std::int64_t kTaskWords = 8;
 constexpr std::int64_t kResultWords = 9;
 
 template <typename T>
@@ -93,7 +93,7 @@ Welcome decode_welcome(const std::string& bytes) {
   return parse<Welcome>(bytes, "welcome", welcome_from);
 }
 
-// Envelopes are ordinary tensors small enough to travel inside their records (40 and 72 bytes):
+// Envelopes are ordinary tensors small enough to travel inside their records (64 and 72 bytes):
 // no arena block, lease or mapping per task, and no copy in the statistics.
 at::Tensor pack(const TaskEnvelope& e) {
   static_assert(kResultWords * 8 <= wire::kInlineBytes, "an envelope fits a record");
@@ -104,6 +104,9 @@ at::Tensor pack(const TaskEnvelope& e) {
   w[2] = static_cast<std::int64_t>(e.task_id);
   w[3] = e.attempt;
   w[4] = e.task_index;
+  w[5] = static_cast<std::int64_t>(e.prelude);
+  w[6] = e.prelude_tensors;
+  w[7] = static_cast<std::int64_t>(e.forget);
   return t;
 }
 
@@ -128,6 +131,14 @@ TaskEnvelope unpack_task(const at::Tensor& t) {
   e.task_id = static_cast<std::uint64_t>(w[2]);
   e.attempt = static_cast<std::uint32_t>(w[3]);
   e.task_index = static_cast<std::uint32_t>(w[4]);
+  e.prelude = static_cast<std::uint64_t>(w[5]);
+  if (w[6] < 0 || w[6] > static_cast<std::int64_t>(kMaxTensorsPerTask) ||
+      (w[6] > 0 && e.prelude == 0)) {
+    throw Error(Errc::bad_record, "a task envelope says its prelude takes " + std::to_string(w[6]) +
+                                      " tensors (prelude id " + std::to_string(e.prelude) + ")");
+  }
+  e.prelude_tensors = static_cast<std::uint32_t>(w[6]);
+  e.forget = static_cast<std::uint64_t>(w[7]);
   return e;
 }
 

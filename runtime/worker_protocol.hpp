@@ -21,8 +21,8 @@
 namespace ferry::protocol {
 
 // Bumped whenever any message below changes shape or meaning (3: a failure's detail; 4: the
-// hello's shared_allocations).
-inline constexpr int kVersion = 4;
+// hello's shared_allocations; 5: a task's prelude).
+inline constexpr int kVersion = 5;
 // Tensors one task may take or return (the queues are sized so in-flight work always fits).
 inline constexpr std::size_t kMaxTensorsPerTask = 64;
 
@@ -58,11 +58,17 @@ std::string encode(const Welcome& w);
 Hello decode_hello(const std::string& bytes);
 Welcome decode_welcome(const std::string& bytes);
 
-// First tensor of a message on a worker's task queue.
+// First tensor of a message on a worker's task queue. A task with a prelude
+// (runtime/prelude.hpp) names it; its `prelude_tensors` tensors follow the envelope when the
+// worker lacks it (0: it holds it already), then the task's inputs. `forget` names a prelude the
+// worker drops before this task (supervisor/prelude_book.hpp), 0 none.
 struct TaskEnvelope {
   std::uint64_t task_id = 0;
   std::uint32_t attempt = 0;
   std::uint32_t task_index = 0;  // position in the Welcome's task list
+  std::uint64_t prelude = 0;
+  std::uint32_t prelude_tensors = 0;
+  std::uint64_t forget = 0;
 };
 
 // First tensor of a message on a worker's result queue. On failure the tensors after it hold the

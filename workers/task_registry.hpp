@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -31,6 +32,10 @@ struct TaskContext {
   spdlog::logger* logger = nullptr;                            // ferry's logger (FERRY_LOG)
   // PoolOptions::shared: the pool's memory itself, for the worker's whole life (never null).
   const NamedTensors* shared = nullptr;
+  // The task's prelude (runtime/prelude.hpp): its id and tensors, kept by this worker across
+  // tasks; 0 and null for a task without one.
+  std::uint64_t prelude_id = 0;
+  const Tensors* prelude = nullptr;
 
   // config[key], or `fallback` when it is not set.
   std::string config_value(const std::string& key, const std::string& fallback = "") const;

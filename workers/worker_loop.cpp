@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "ipc/control_socket.hpp"
 #include "ipc/cuda/fork_safety.hpp"
@@ -104,12 +105,44 @@ std::string run_start(const protocol::Hello& hello, const NamedTensors& shared) 
   }
 }
 
+// The preludes this worker holds, by id: as many as its supervisor's sends told it to keep
+// (runtime/supervisor/prelude_book.hpp), each a copy in this process's own memory, so that
+// keeping it holds no lease on the sender's.
+using Preludes = std::unordered_map<std::uint64_t, Tensors>;
+
+// Files what `env` says of preludes; the task's prelude, or null when it has none. The tensors
+// of one that came are message[1 ...].
+const Tensors* take_prelude(const protocol::TaskEnvelope& env, const Tensors& message,
+                            Preludes& preludes) {
+  if (env.forget != 0) preludes.erase(env.forget);
+  if (env.prelude == 0) return nullptr;
+  if (env.prelude_tensors > 0) {
+    if (message.size() < 1 + std::size_t{env.prelude_tensors}) {
+      throw Error(Errc::bad_record, "a task message is shorter than its prelude");
+    }
+    Tensors kept;
+    for (std::size_t i = 1; i <= env.prelude_tensors; ++i) {
+      kept.push_back(message[i].clone(at::MemoryFormat::Contiguous));
+    }
+    preludes[env.prelude] = std::move(kept);
+  }
+  const auto it = preludes.find(env.prelude);
+  if (it == preludes.end()) {
+    throw std::logic_error("its prelude " + std::to_string(env.prelude) +
+                           " never reached this worker; supervisor and worker disagree on what "
+                           "it holds (a bug in ferry)");
+  }
+  return &it->second;
+}
+
 // Runs one task message and sends its result or its error back (`start_error`, when the
 // worker's start failed).
 void handle(const Tensors& message, const protocol::Hello& hello,
             const std::vector<std::string>& names, const NamedTensors& shared,
-            const std::string& start_error, TensorQueue& results) {
+            const std::string& start_error, Preludes& preludes, TensorQueue& results) {
   const protocol::TaskEnvelope env = protocol::unpack_task(message.at(0));
+  const auto first_input =
+      message.begin() + 1 + std::min<std::size_t>(env.prelude_tensors, message.size() - 1);
   protocol::ResultEnvelope reply;
   reply.task_id = env.task_id;
   reply.attempt = env.attempt;
@@ -118,13 +151,17 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   std::string detail;
   bool failed = true;  // until the task returned and its outputs passed the checks
   try {
+    // Filed first, whatever becomes of the task: later tasks name it.
+    const Tensors* prelude = take_prelude(env, message, preludes);
     if (env.task_index >= names.size()) {
       throw std::invalid_argument("task number " + std::to_string(env.task_index) +
                                   " is not one of this worker's");
     }
     if (!start_error.empty()) throw std::runtime_error(start_error);
     TaskContext ctx = context_for(hello, shared, names[env.task_index]);
-    out = (*find_task(ctx.task))(ctx, Tensors(message.begin() + 1, message.end()));
+    ctx.prelude = prelude;
+    ctx.prelude_id = prelude ? env.prelude : 0;
+    out = (*find_task(ctx.task))(ctx, Tensors(first_input, message.end()));
     if (out.size() > protocol::kMaxTensorsPerTask) {
       throw std::length_error("returned " + std::to_string(out.size()) +
                               " tensors; a task returns at most " +
@@ -132,8 +169,8 @@ void handle(const Tensors& message, const protocol::Hello& hello,
     }
     // Device in, device out: a caller that sent CUDA tensors gets CUDA results (by IPC); one
     // that sent CPU tensors gets CPU results and need not touch CUDA at all.
-    const bool cuda_in = std::any_of(message.begin() + 1, message.end(),
-                                     [](const at::Tensor& t) { return t.is_cuda(); });
+    const bool cuda_in =
+        std::any_of(first_input, message.end(), [](const at::Tensor& t) { return t.is_cuda(); });
     for (auto& t : out) {
       if (!t.defined()) throw std::invalid_argument("returned an undefined tensor");
       if (t.is_cuda() && !cuda_in) t = t.cpu();
@@ -259,6 +296,7 @@ int serve_tasks(int control) {
   log().debug("worker {} (pid {}) serving on {}", hello.worker_id, ::getpid(), hello.device);
   // After the welcome: the pool has started, and tasks queue up while a long start runs.
   const std::string start_error = run_start(hello, shared);
+  Preludes preludes;
 
   for (;;) {
     std::optional<Tensors> message;
@@ -273,7 +311,7 @@ int serve_tasks(int control) {
       continue;
     }
     try {
-      handle(*message, hello, welcome.tasks, shared, start_error, results);
+      handle(*message, hello, welcome.tasks, shared, start_error, preludes, results);
     } catch (const Error& e) {
       if (e.code() == Errc::peer_dead || e.code() == Errc::closed) return kWorkerSupervisorGone;
       throw;

@@ -12,11 +12,14 @@ namespace ferry::supervisor {
 void Dispatcher::submit(const TaskPtr& task, std::optional<std::size_t> index,
                         std::chrono::milliseconds timeout) {
   const std::string& name = task->name;
-  if (task->inputs.size() > protocol::kMaxTensorsPerTask) {
+  const std::size_t prelude = task->prelude ? task->prelude->tensors.size() : 0;
+  if (task->inputs.size() + prelude > protocol::kMaxTensorsPerTask) {
     throw Error(Errc::invalid_argument,
                 "task '" + name + "' was given " + std::to_string(task->inputs.size()) +
-                    " tensors; a task takes at most " +
-                    std::to_string(protocol::kMaxTensorsPerTask) + " (stack or batch them)");
+                    " tensors" +
+                    (prelude ? " and a prelude of " + std::to_string(prelude) : std::string()) +
+                    "; a task takes at most " + std::to_string(protocol::kMaxTensorsPerTask) +
+                    " with its prelude (stack or batch them)");
   }
   {
     Board& b = board_;
@@ -57,10 +60,13 @@ void Dispatcher::dispatch() {
     switch (d.kind) {
       case Delivery::Kind::sent:
         // Inputs as submitted: counted once, at the first send that went through.
-        if (tally && d.inputs) {
+        if ((tally && d.inputs) || d.prelude_attached) {
           std::lock_guard<std::mutex> relock(b.mu);
-          h->task->inputs_tallied = true;
-          add_transfer_counts(b.totals, *d.inputs);
+          if (d.prelude_attached) ++b.slots[h->worker]->stats.preludes_sent;
+          if (tally && d.inputs) {
+            h->task->inputs_tallied = true;
+            add_transfer_counts(b.totals, *d.inputs);
+          }
         }
         break;
       case Delivery::Kind::gone:

@@ -23,10 +23,13 @@ struct WorkerStats {
   std::uint64_t tasks_lost = 0;    // in flight when it died (retried or failed)
   std::uint64_t restarts = 0;
   std::uint64_t timeouts = 0;  // kills for a task past task_timeout
-  std::string last_exit;       // how its last process ended, its last failed start, a host's loss
-  bool given_up = false;       // its starts kept failing, or its host was lost: the pool goes on
-  std::size_t limit = 0;       // tasks it may hold now (max_inflight_per_worker, or the pool's
-                               // choice; a host's room)
+  // Preludes sent with a task (runtime/prelude.hpp): once per prelude per process, more only
+  // when it had to forget one for want of room, or a host's (whose link carries one each time).
+  std::uint64_t preludes_sent = 0;
+  std::string last_exit;  // how its last process ended, its last failed start, a host's loss
+  bool given_up = false;  // its starts kept failing, or its host was lost: the pool goes on
+  std::size_t limit = 0;  // tasks it may hold now (max_inflight_per_worker, or the pool's
+                          // choice; a host's room)
   // Results sent back by this worker's processes (all of them, across restarts), as each
   // send reported it (TensorQueue::send).
   std::uint64_t tensors_zero_copy = 0, bytes_zero_copy = 0;

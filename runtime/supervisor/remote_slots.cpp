@@ -9,7 +9,9 @@ Delivery RemoteSlot::send(const HandOver& h, std::unique_lock<std::mutex>& lock)
   lock.unlock();
   Delivery d;
   try {
-    remote_.send(h.worker, h.task->id, h.attempt, h.task->name, h.task->inputs);
+    remote_.send(h.worker, h.task->id, h.attempt, h.task->name, h.task->inputs,
+                 h.task->prelude.get());
+    d.prelude_attached = h.task->prelude != nullptr;  // a link carries it every time
   } catch (const Error& e) {
     if (e.code() == Errc::invalid_argument) {
       d.kind = Delivery::Kind::refused;

@@ -33,8 +33,9 @@ struct Delivery {
   // sent: how the inputs travelled, where the pool counts it (a worker here; a host's link
   // copies everything and is not counted). The task's envelope is not among them.
   std::optional<TransferCounts> inputs;
-  std::string why;             // stuck
-  std::optional<Error> error;  // refused
+  bool prelude_attached = false;  // sent: the task's prelude went with it (WorkerStats)
+  std::string why;                // stuck
+  std::optional<Error> error;     // refused
 };
 
 class Slot {

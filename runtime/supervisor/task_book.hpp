@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "ipc/clock.hpp"
+#include "runtime/prelude.hpp"
 #include "runtime/supervisor/queue_depth.hpp"
 #include "runtime/tensor_queue.hpp"  // Tensors
 
@@ -43,6 +44,7 @@ struct Task {
   std::uint32_t task_index = 0;  // in the workers' task list
   std::size_t index = 0;         // position in the caller's inputs, or submission number
   Tensors inputs;                // kept until the task ends: a retry sends them again
+  PreludePtr prelude;            // what it shares with other tasks, sent once per worker; or null
   // Called once, when the task ends, outside the book (the caller carries it out).
   std::function<void(Task&, std::exception_ptr error, Tensors outputs, int worker)> done;
   // Kept by the book.

@@ -78,7 +78,7 @@ void WorkerFleet::finish_start(int w) {
     std::lock_guard<std::mutex> lock(board_.mu);
     if (board_.task_names.empty()) board_.task_names = names;
     LocalSlot& x = *board_.here[w];
-    x.tasks = p.tasks();
+    x.open(*p.tasks());
     x.kill_request.clear();
     x.stats.pid = p.pid();
     x.stats.start = start_name(p.started_by());

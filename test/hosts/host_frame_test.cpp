@@ -206,4 +206,30 @@ TEST_CASE("host frame: a result's body says ok or carries the task's error, cut 
   CHECK_THROWS_WITH(parse_result_body(""), Contains("neither"));
 }
 
+TEST_CASE("hosts: a task's body names its task, and its prelude where it has one", "[multihost]") {
+  const TaskBody plain = parse_task_body(task_body("sleep_echo", 0, 0), 2);
+  CHECK(plain.name == "sleep_echo");
+  CHECK(plain.prelude == 0);
+  CHECK(plain.prelude_tensors == 0);
+  const TaskBody with = parse_task_body(task_body("python", 12345678901ull, 1), 3);
+  CHECK(with.name == "python");
+  CHECK(with.prelude == 12345678901ull);
+  CHECK(with.prelude_tensors == 1);
+  using Catch::Contains;
+  // More prelude tensors than the frame has, a prelude part cut short, an id of 0.
+  CHECK_THROWS_WITH(parse_task_body(task_body("python", 5, 4), 3), Contains("frame's 3"));
+  CHECK_THROWS_WITH(parse_task_body("\x1e"
+                                    "5 1python",
+                                    3),
+                    Contains("malformed"));
+  CHECK_THROWS_WITH(parse_task_body("\x1e"
+                                    "0 1\x1epython",
+                                    3),
+                    Contains("malformed"));
+  CHECK_THROWS_WITH(parse_task_body("\x1e"
+                                    "5 1x\x1epython",
+                                    3),
+                    Contains("malformed"));
+}
+
 }  // namespace ferry::hosts

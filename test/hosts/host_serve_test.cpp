@@ -37,8 +37,10 @@ ServeOptions quick() {
 
 }  // namespace
 
-TEST_CASE("hosts: tasks that come while a host's pool starts wait for it, heartbeats go out",
-          "[multihost]") {
+TEST_CASE(
+    "hosts: tasks that come while a host's pool starts wait for it, heartbeats go out, and "
+    "a task's prelude reaches its workers",
+    "[multihost]") {
   test::ForkedHost host([](const c10::intrusive_ptr<c10d::Store>& store) {
     HostLink link(store, "ferry/link/1", 1, loopback());
     std::optional<Pool> pool;
@@ -80,6 +82,21 @@ TEST_CASE("hosts: tasks that come while a host's pool starts wait for it, heartb
   CHECK(parse_result_body(m.frame.body).ok);
   REQUIRE(m.tensors.size() == 1);
   CHECK(m.tensors[0].equal(at::full({4}, 3.0, at::kDouble)));
+  // A task with a prelude: its tensors lead the frame's, and its task sees it (prelude_add
+  // answers its sum with the input and the id the host's pool gave it, not the head's).
+  for (std::uint64_t seq = 8; seq < 10; ++seq) {
+    link.send(FrameKind::task, seq, task_body("prelude_add", 99, 1),
+              {at::full({4}, 100, at::kLong), at::full({4}, 2, at::kLong)});
+    do {
+      m = link.recv(10s);
+    } while (m.frame.kind == FrameKind::heartbeat);
+    REQUIRE(m.frame.kind == FrameKind::result);
+    CHECK(m.frame.seq == seq);
+    REQUIRE(parse_result_body(m.frame.body).ok);
+    REQUIRE(m.tensors.size() == 2);
+    CHECK(m.tensors[0].equal(at::full({4}, 102, at::kLong)));
+    CHECK(m.tensors[1].item<std::int64_t>() != 0);
+  }
   link.send(FrameKind::bye, 0, "", {});
   CHECK(host.exit_code() == 0);
 }

@@ -89,6 +89,15 @@ FERRY_TASK("whoami", [](TaskContext& ctx, Tensors) {
   return Tensors{t};
 });
 
+// in[0] plus the task's prelude's first tensor, and the prelude's id (0, and in[0] alone, when
+// it has none): what a task sees of a prelude it shares with others.
+Tensors prelude_add(TaskContext& ctx, Tensors in) {
+  at::Tensor sum = in.at(0).clone();
+  if (ctx.prelude) sum += ctx.prelude->at(0);
+  return {sum, at::scalar_tensor(static_cast<std::int64_t>(ctx.prelude_id), at::kLong)};
+}
+FERRY_TASK("prelude_add", prelude_add);
+
 FERRY_TASK("config_echo", [](TaskContext& ctx, Tensors) {
   const std::string v = ctx.config_value("greeting", "none");
   at::Tensor t = at::empty({static_cast<std::int64_t>(v.size())}, at::kByte);
