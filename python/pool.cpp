@@ -167,6 +167,15 @@ void bind_pool(py::module_& m) {
       .def_readwrite("shared_allocations", &PoolOptions::shared_allocations,
                      "tensors the workers make are born in shared memory");
 
+  py::class_<Prelude, std::shared_ptr<Prelude>>(m, "Prelude",
+                                                "what many tasks share, sent once per worker: "
+                                                "a pickled function")
+      .def(py::init([](const py::bytes& payload) {
+             return std::const_pointer_cast<Prelude>(make_prelude(pack_message(payload, {})));
+           }),
+           py::arg("payload"))
+      .def_property_readonly("id", [](const Prelude& p) { return p.id; });
+
   py::class_<Future>(m, "Future")
       .def("wait", &Future::wait, py::arg("timeout") = py::none(),
            "True once the task has ended (within `timeout` seconds)")
@@ -215,7 +224,7 @@ void bind_pool(py::module_& m) {
       .def(
           "submit",
           [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,
-             py::object keep, std::optional<double> timeout) {
+             py::object keep, std::optional<double> timeout, std::shared_ptr<Prelude> prelude) {
             Future out;
             // Nothing to hold, no Held: its end would take the GIL in the collector's thread,
             // which then waits for the caller's Python before it takes the next result.
@@ -231,26 +240,30 @@ void bind_pool(py::module_& m) {
                     }
                     held.reset();  // what the message needed goes once the task has ended
                   },
-                  ms);
+                  ms, prelude);
             });
             return out;
           },
           py::arg("payload"), py::arg("bases"), py::arg("keep") = py::none(),
-          py::arg("timeout") = py::none(),
-          "runs one pickled call; `keep` is held until the task has ended")
+          py::arg("timeout") = py::none(), py::arg("prelude") = nullptr,
+          "runs one pickled call; `keep` is held until the task has ended; `prelude` (a "
+          "Prelude) goes to each worker once")
       .def(
           "imap_unordered",
-          [](Pool& p, py::function make) {
+          [](Pool& p, py::function make, std::shared_ptr<Prelude> prelude) {
             auto fn = std::make_shared<Held>(std::move(make));
-            return p.imap_unordered(kPythonTask, [fn](std::size_t i) -> std::optional<Tensors> {
-              py::gil_scoped_acquire gil;
-              py::object m = fn->object(i);
-              if (m.is_none()) return std::nullopt;
-              auto t = m.cast<py::tuple>();
-              return pack_message(t[0].cast<py::bytes>(), t[1].cast<std::vector<at::Tensor>>());
-            });
+            return p.imap_unordered(
+                kPythonTask,
+                [fn](std::size_t i) -> std::optional<Tensors> {
+                  py::gil_scoped_acquire gil;
+                  py::object m = fn->object(i);
+                  if (m.is_none()) return std::nullopt;
+                  auto t = m.cast<py::tuple>();
+                  return pack_message(t[0].cast<py::bytes>(), t[1].cast<std::vector<at::Tensor>>());
+                },
+                std::move(prelude));
           },
-          py::arg("make"),
+          py::arg("make"), py::arg("prelude") = nullptr,
           "results of tasks as they finish; make(i) gives input i as (payload, bases), or None "
           "where the inputs end; it is called as room frees up")
       .def(

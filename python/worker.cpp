@@ -12,8 +12,22 @@
 namespace py = pybind11;
 
 namespace ferry::python {
+namespace {
+
+// The prelude of the task this worker runs now, for task_prelude(); tasks run one at a time.
+const Tensors* g_prelude = nullptr;
+
+}  // namespace
 
 void bind_worker(py::module_& m) {
+  m.def(
+      "task_prelude",
+      []() -> py::object {
+        if (!g_prelude) return py::none();
+        return unpack_object(*g_prelude);
+      },
+      "in a pool worker's task: its prelude as TensorQueue.get gives a message (the task's "
+      "function, pickled), or None");
   m.def(
       "serve_worker",
       [](int control_fd, py::function start, py::function handler) {
@@ -30,12 +44,17 @@ void bind_worker(py::module_& m) {
           }
           (*begin)(ctx.worker_id, ctx.device.str(), *config, *shared);
         });
-        register_task(kPythonTask, [fn](TaskContext&, Tensors in) -> Tensors {
+        register_task(kPythonTask, [fn](TaskContext& ctx, Tensors in) -> Tensors {
           py::gil_scoped_acquire gil;
-          // (object,) when plain (decoded here), else (payload, bases); the handler answers
+          // (object,) when plain (decoded here), else (payload, bases), and the id of the task's
+          // prelude (0: none), which task_prelude() gives the first time; the handler answers
           // (True, payload, bases), or (False, the error with the worker's traceback, the
           // pickled exception or b"")
-          py::tuple r = (*fn)(unpack_object(std::move(in)));
+          g_prelude = ctx.prelude;
+          struct Clear {
+            ~Clear() { g_prelude = nullptr; }
+          } clear;
+          py::tuple r = (*fn)(unpack_object(std::move(in)), ctx.prelude_id);
           if (!r[0].cast<bool>()) {
             throw TaskFailure(r[1].cast<std::string>(), r[2].cast<std::string>());
           }
@@ -46,7 +65,7 @@ void bind_worker(py::module_& m) {
       },
       py::arg("control_fd"), py::arg("start"), py::arg("handler"),
       "serves a supervisor's tasks on the inherited control socket, start(worker_id, device, "
-      "config, shared) once first, handler(message) per task, with the message as "
+      "config, shared) once first, handler(message, prelude_id) per task, with the message as "
       "TensorQueue.get gives it; returns the exit code");
 }
 

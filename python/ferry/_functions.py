@@ -99,16 +99,19 @@ class Pickled:
         self._lock = threading.Lock()
         self._kept = weakref.WeakKeyDictionary()  # fn -> (token, payload)
 
-    def get(self, fn, make):
+    def get(self, fn, make, kept=None):
         """fn's payload: the one kept, while its token holds; else make(), kept when fn has a
-        token and make() says it may be ((payload, keep) -> payload)."""
+        token and make() says it may be ((payload, keep) -> payload). What is kept, and then
+        returned, is kept(payload) where that is given."""
         t = token(fn)
         with self._lock:
-            kept = self._kept.get(fn) if t is not None else self._kept.pop(fn, None)
-        if t is not None and kept is not None and same(kept[0], t):
-            return kept[1]
+            old = self._kept.get(fn) if t is not None else self._kept.pop(fn, None)
+        if t is not None and old is not None and same(old[0], t):
+            return old[1]
         payload, keep = make()
         if t is not None and keep:
+            if kept is not None:
+                payload = kept(payload)
             with self._lock:
                 self._kept[fn] = (t, payload)
         return payload

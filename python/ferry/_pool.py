@@ -179,18 +179,19 @@ class _Stream:
         # The C++ stream holds what makes its inputs: by a weak reference, or this stream and
         # the pool behind it would be a cycle through C++ that Python's collector cannot see.
         ref = weakref.ref(self)
+        prelude = self._fn if type(self._fn) is _C.Prelude else None
         self._results = pool._pool.imap_unordered(
-            lambda i: ref()._make(i) if ref() is not None else None)
+            lambda i: ref()._make(i) if ref() is not None else None, prelude)
 
     def _make(self, i):
         chunk = next(self._chunks, None)
         if chunk is None:
             return None
         held = []
-        message = self._pool._message(self._fn, chunk, self._star, held)
+        payload, bases, _ = self._pool._message(self._fn, chunk, self._star, held)
         if held:
             self._held[i] = held
-        return message
+        return payload, bases
 
     def _attempt(self, seconds):
         try:
@@ -368,9 +369,11 @@ class Pool:
             raise ValueError("Pool not running")
 
     def _function(self, fn, held):
-        """What a task message says of fn: its cloudpickle (bytes, which no function is), made
-        once per call of map(), kept while what it was made from stays the same (_functions),
-        and cached by the workers; or fn itself when pickling it takes tensors along."""
+        """What a task says of fn: a _C.Prelude of its cloudpickle while what that was made
+        from stays the same (_functions), which each worker gets once, with its first task that
+        names it; its cloudpickle (bytes, which no function is) made once per call of map()
+        where it cannot be kept, which every task carries; or fn itself when pickling it takes
+        tensors along."""
         def make():
             needs = []
             payload, bases = _pickle.dumps(fn, _C.MAX_TASK_TENSORS - 1, functions=True,
@@ -378,26 +381,32 @@ class Pool:
             held.extend(needs)
             return (fn, False) if bases else (payload, not needs)
 
-        return _PICKLED.get(fn, make)
+        return _PICKLED.get(fn, make, kept=_C.Prelude)
 
     def _message(self, fn, calls, star, held):
+        """(payload, bases) of a task's message, and its prelude or None."""
+        if type(fn) is _C.Prelude:
+            # The worker takes the function from the prelude, which takes one of the task's
+            # tensors; the message is often plain (encoded in C++, in its record).
+            return (*_pickle.dumps((None, calls, star), _C.MAX_TASK_TENSORS - 2,
+                                   functions="auto", held=held), fn)
         # pickle, not cloudpickle, for the arguments when the function is pickled already; a
         # function that takes tensors along is pickled here, by value (cloudpickle) where it is
         # __main__'s or a closure, which workers could not find by name.
         functions = "auto" if type(fn) is bytes else True
-        return _pickle.dumps((fn, calls, star), _C.MAX_TASK_TENSORS - 1, functions=functions,
-                             held=held)
+        return (*_pickle.dumps((fn, calls, star), _C.MAX_TASK_TENSORS - 1, functions=functions,
+                               held=held), None)
 
     def _submit(self, fn, calls, star):
         """Hands one task to the pool, waiting (in slices) while it is full; its Future."""
         self._check_running()
         held = []
-        payload, bases = self._message(self._function(fn, held), calls, star, held)
+        payload, bases, prelude = self._message(self._function(fn, held), calls, star, held)
         keep = held or None
 
         def attempt(t):
             try:
-                return True, self._pool.submit(payload, bases, keep, t)
+                return True, self._pool.submit(payload, bases, keep, t, prelude)
             except Timeout:
                 return False, None
 

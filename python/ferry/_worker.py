@@ -25,7 +25,9 @@ WorkerInfo = collections.namedtuple("WorkerInfo", "id device pid")
 _info = None
 _init_error = None
 _shared = {}  # the pool's shared objects, rebuilt on its memory as the worker starts
-_functions = collections.OrderedDict()  # pickled function -> function, the last few used
+# The last few functions used: by their prelude's id (a task names it), or by their pickle (a
+# function the caller could not keep travels with every task).
+_functions = collections.OrderedDict()
 _FUNCTIONS_KEPT = 32
 
 
@@ -77,28 +79,32 @@ def start(worker_id, device, config, shared):
                            _errors.failure(e)[0], b"")
 
 
-def _function(blob):
-    fn = _functions.get(blob)
+def _function(key, unpickle):
+    fn = _functions.get(key)
     if fn is None:
-        fn = _pickle.loads(blob, [])
-        _functions[blob] = fn
+        fn = unpickle()
+        _functions[key] = fn
         if len(_functions) > _FUNCTIONS_KEPT:
             _functions.popitem(last=False)
     else:
-        _functions.move_to_end(blob)
+        _functions.move_to_end(key)
     return fn
 
 
-def run(message):
+def run(message, prelude=0):
     """(True, payload, bases) of the result of a task message ((call,) as the extension decoded
-    it, or (payload, bases) to unpickle), or (False, the error's words with the worker's
-    traceback, the exception pickled or b"")."""
+    it, or (payload, bases) to unpickle) whose function is its prelude `prelude` (0: the message
+    holds it), or (False, the error's words with the worker's traceback, the exception pickled
+    or b"")."""
     if _init_error is not None:
         return False, _init_error[0], _init_error[1]
     try:
         fn, calls, star = _pickle.unpacked(message)
-        if isinstance(fn, bytes):
-            fn = _function(fn)
+        if prelude:
+            # The worker's C++ side keeps the prelude itself for as long as tasks may name it.
+            fn = _function(prelude, lambda: _pickle.unpacked(_C.task_prelude()))
+        elif isinstance(fn, bytes):
+            fn = _function(fn, lambda: _pickle.loads(fn, []))
         out = [fn(*a) if star else fn(a) for a in calls]
         payload, bases = _pickle.dumps(out, _C.MAX_TASK_TENSORS - 1, functions="auto")
         return True, payload, bases

@@ -162,6 +162,66 @@ def test_apply_pickles_a_script_function_once_and_the_workers_see_each_rebinding
                                      "[3, 6] 2"]
 
 
+def test_what_is_kept_is_what_kept_makes_of_the_payload():
+    f = script_function("def f(): return 1", "f")
+    calls, make = counting()
+    store = _functions.Pickled()
+    first = store.get(f, make, kept=lambda p: ("wrapped", p))
+    assert first == ("wrapped", b"payload 1")
+    assert store.get(f, make, kept=lambda p: ("again", p)) is first
+    assert len(calls) == 1
+    g = script_function("ITEMS = []\ndef g(): return ITEMS", "g")  # no token: not kept, not wrapped
+    assert store.get(g, make, kept=lambda p: ("wrapped", p)) == b"payload 2"
+
+
+def test_a_task_function_crosses_once_per_worker_and_again_only_when_it_changes(tmp_path):
+    """Through a real pool: the function goes to each worker with its first task (a prelude),
+    later tasks name it; a rebinding makes a new one, which goes once more; a worker that keeps
+    only so many is sent an old one again; a function that cannot be kept travels every time."""
+    script = tmp_path / "crosses_once.py"
+    script.write_text(textwrap.dedent("""
+        import ferry
+
+        SCALE = 2
+        ITEMS = [5]
+
+        def f(x):
+            return x * SCALE
+
+        def g(x):
+            return x + ITEMS[0]  # a list: no token, pickled and sent with every task
+
+        def sent(pool):
+            return sum(w["preludes_sent"] for w in pool.stats()["workers"])
+
+        if __name__ == "__main__":
+            with ferry.Pool(2) as pool:
+                print([pool.apply(f, (1,)) for _ in range(30)] == [2] * 30, sent(pool) <= 2)
+                print(pool.map(f, range(40), chunksize=1) == [2 * x for x in range(40)],
+                      sent(pool) <= 2)  # one at most per worker, whichever took tasks first
+                before = sent(pool)
+                SCALE = 3
+                print(pool.apply(f, (1,)), sent(pool) == before + 1)
+                before = sent(pool)
+                print([pool.apply(g, (1,)) for _ in range(5)], sent(pool) == before)
+            with ferry.Pool(1) as pool:
+                out = []
+                for k in range(80):  # more than a worker keeps
+                    SCALE = k
+                    out.append(pool.apply(f, (1,)))
+                SCALE = 0
+                print(out == list(range(80)), pool.apply(f, (1,)), sent(pool))
+        """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["True True",
+                                     "True True",
+                                     "3 True",
+                                     "[6, 6, 6, 6, 6] True",
+                                     "True 0 81"]
+
+
 def test_types_of_steady_values():
     assert _functions.steady((1, "a", (None, 2.0, b"x")))
     assert _functions.steady(frozenset({1, 2}))
