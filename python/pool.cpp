@@ -194,6 +194,7 @@ void bind_pool(py::module_& m) {
             const auto ms = to_timeout(timeout);
             std::optional<Pool::Result> got;
             try {
+              r.top_up();  // inputs are made by Python: here, not with the GIL taken per input
               py::gil_scoped_release unlocked;
               got = r.next(ms);
             } catch (const Error& e) {

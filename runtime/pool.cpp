@@ -348,9 +348,52 @@ Pool::Results Pool::imap_unordered(const std::string& task,
   return Results(std::move(st));
 }
 
-std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeout) {
+bool Pool::Results::submit_more(std::chrono::milliseconds first_wait) {
   State& st = *s_;
   const std::size_t window = st.pool->capacity();
+  // An input that found no room is kept for the next round rather than made again.
+  while (st.next_input < st.count && st.outstanding < window) {
+    const std::size_t i = st.next_input;
+    if (!st.held) {
+      st.held = st.make(i);
+      if (!st.held) {
+        std::lock_guard<std::mutex> lock(st.mu);
+        st.count = i;  // the stream ended: what is out is all
+        break;
+      }
+    }
+    std::weak_ptr<State> weak = s_;
+    try {
+      st.pool->submit(
+          st.task, *st.held, i, st.outstanding > 0 ? std::chrono::milliseconds(0) : first_wait,
+          [weak](Result&& r) {
+            if (auto s = weak.lock()) {
+              std::lock_guard<std::mutex> lock(s->mu);
+              s->ready.push_back(std::move(r));
+              s->arrived.notify_all();
+            }
+          },
+          st.prelude);
+    } catch (const Error& e) {
+      if (e.code() != Errc::timeout) throw;
+      return st.outstanding > 0;
+    }
+    st.held.reset();
+    std::lock_guard<std::mutex> lock(st.mu);
+    ++st.next_input;
+    ++st.outstanding;
+  }
+  return true;
+}
+
+std::size_t Pool::Results::top_up() {
+  const std::size_t before = s_->next_input;
+  submit_more(std::chrono::milliseconds(0));
+  return s_->next_input - before;
+}
+
+std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeout) {
+  State& st = *s_;
   const auto deadline = Clock::now() + timeout;
   auto left = [&] {
     if (timeout < std::chrono::milliseconds(0)) return kForever;
@@ -372,40 +415,9 @@ std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeou
       }
       if (st.outstanding == 0 && st.next_input == st.count) return std::nullopt;
     }
-    // Top up without blocking while results are on their way; block only when none are. An
-    // input that found no room is kept for the next round rather than made again.
-    while (st.next_input < st.count && st.outstanding < window) {
-      const std::size_t i = st.next_input;
-      if (!st.held) {
-        st.held = st.make(i);
-        if (!st.held) {
-          std::lock_guard<std::mutex> lock(st.mu);
-          st.count = i;  // the stream ended: what is out is all
-          break;
-        }
-      }
-      std::weak_ptr<State> weak = s_;
-      try {
-        st.pool->submit(
-            st.task, *st.held, i, st.outstanding > 0 ? std::chrono::milliseconds(0) : left(),
-            [weak](Result&& r) {
-              if (auto s = weak.lock()) {
-                std::lock_guard<std::mutex> lock(s->mu);
-                s->ready.push_back(std::move(r));
-                s->arrived.notify_all();
-              }
-            },
-            st.prelude);
-      } catch (const Error& e) {
-        if (e.code() != Errc::timeout) throw;
-        if (st.outstanding == 0) throw timed_out();  // the input is kept for the next call
-        break;
-      }
-      st.held.reset();
-      std::lock_guard<std::mutex> lock(st.mu);
-      ++st.next_input;
-      ++st.outstanding;
-    }
+    // Top up without blocking while results are on their way; block only when none are (a
+    // first input that still finds no room is kept for the next call).
+    if (!submit_more(left())) throw timed_out();
     std::unique_lock<std::mutex> lock(st.mu);
     if (st.outstanding == 0) continue;  // the stream ended with nothing out: no more results
     auto some = [&] { return !st.ready.empty(); };

@@ -140,10 +140,17 @@ class Pool {
     // more inputs as room frees up, so at most the pool's capacity is in flight or buffered.
     // Throws Error(timeout) when `timeout` passes first; next() may then be called again.
     std::optional<Result> next(std::chrono::milliseconds timeout = kForever);
+    // Submits the inputs the pool has room for now, without waiting; how many. A caller whose
+    // inputs are made under a lock it would rather not take per input (the Python extension's
+    // GIL) makes them here, then waits in next() without it.
+    std::size_t top_up();
     struct State;
     explicit Results(std::shared_ptr<State> s) : s_(std::move(s)) {}
 
    private:
+    // Submits inputs while there is room, the first waiting up to `first_wait` when nothing is
+    // out; false when that one found no room.
+    bool submit_more(std::chrono::milliseconds first_wait);
     std::shared_ptr<State> s_;
   };
   // Streams `task` over `inputs`, results in completion order.

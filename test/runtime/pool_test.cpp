@@ -586,6 +586,26 @@ TEST_CASE("a stream of unknown length is read only as room frees up, to its end"
   CHECK_FALSE(none.next(1s));
 }
 
+TEST_CASE("a stream's top_up makes the inputs the pool has room for now, and next() none then") {
+  Pool pool(cpu_pool(1));
+  std::atomic<std::size_t> made{0};
+  auto slow = pool.imap_unordered("sleep_echo", [&](std::size_t i) -> std::optional<Tensors> {
+    if (i == 100) return std::nullopt;
+    ++made;
+    return delayed(20000, static_cast<std::int64_t>(i));  // 20 ms: the pool stays full
+  });
+  const std::size_t room = pool.capacity();
+  CHECK(slow.top_up() == room);
+  CHECK(made == room);
+  CHECK(slow.top_up() == 0);  // full: nothing waits, nothing is made
+  REQUIRE(slow.next(10s));    // a result taken from what is out: no input made meanwhile
+  CHECK(made == room);
+  std::size_t got = 1;
+  while (slow.next(10s)) ++got;
+  CHECK(got == 100);
+  CHECK(made == 100);
+}
+
 TEST_CASE("workers die with their supervisor, even when it is SIGKILLed") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
