@@ -4,10 +4,10 @@
 
 #include <thread>
 
-#include "../test_util.hpp"
 #include "ipc/stats.hpp"
 #include "runtime/peer_exit.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "test_pools.hpp"
 
 namespace ferry {
 namespace {
@@ -16,13 +16,7 @@ using namespace std::chrono_literals;
 
 constexpr std::int64_t kLarge = 1 << 18;  // float32 elements: 1 MiB
 
-PoolOptions cpu_pool(int workers) {
-  PoolOptions o;
-  o.devices.assign(workers, "cpu");
-  o.start = test::kUnderTsan ? Start::Spawn : Start::Fork;
-  o.worker_executable = FERRY_TEST_WORKER;
-  return o;
-}
+using test::cpu_pool;
 
 TEST_CASE("a pool's results are born shared and come back zero-copy, or copied when switched off") {
   const bool on = GENERATE(true, false);

@@ -4,22 +4,16 @@
 
 #include <signal.h>
 
-#include "../test_util.hpp"
 #include "runtime/pool.hpp"
 #include "runtime/worker_protocol.hpp"
+#include "test_pools.hpp"
 
 namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
 
-PoolOptions cpu_pool(int workers) {
-  PoolOptions o;
-  o.devices.assign(workers, "cpu");
-  o.start = test::kUnderTsan ? Start::Spawn : Start::Fork;
-  o.worker_executable = FERRY_TEST_WORKER;
-  return o;
-}
+using test::cpu_pool;
 
 std::uint64_t preludes_sent(const Pool& pool) {
   std::uint64_t n = 0;

@@ -17,12 +17,12 @@
 #include <thread>
 
 #include "../fill_filesystem.hpp"
-#include "../test_util.hpp"
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/process.hpp"
 #include "ipc/wire.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/worker_protocol.hpp"
+#include "test_pools.hpp"
 #include "workers/builtin_tasks.hpp"
 
 namespace ferry {
@@ -30,15 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Fork by default, the start a CPU pool picks; spawn under ThreadSanitizer, which cannot follow a
-// multithreaded supervisor's fork (test::kUnderTsan). Tests of a start method name it.
-PoolOptions cpu_pool(int workers, Start start = test::kUnderTsan ? Start::Spawn : Start::Fork) {
-  PoolOptions o;
-  o.devices.assign(workers, "cpu");
-  o.start = start;
-  o.worker_executable = FERRY_TEST_WORKER;
-  return o;
-}
+using test::cpu_pool;
 
 Tensors delayed(std::int64_t micros, std::int64_t value) {
   return {at::scalar_tensor(micros, at::kLong), at::full({4}, value, at::kLong)};
