@@ -16,16 +16,19 @@ Delivery LocalSlot::send(const HandOver& h, std::unique_lock<std::mutex>& lock) 
   const Prelude* prelude = h.task->prelude.get();
   lock.unlock();
   Delivery d;
-  // The book must see this slot's sends in the order they enter the queue: one at a time.
-  std::lock_guard<std::mutex> sending(send_mu_);
-  if (process > book_process_) {
-    preludes_.clear();
-    book_process_ = process;
-  }
-  // A send decided before a restart goes to the old queue, which fails: no book is consulted.
-  const bool current = process == book_process_;
+  // The book must see this slot's prelude sends in the order they enter the queue: one at a
+  // time. A task without a prelude tells the worker nothing to keep, so it takes no lock.
+  std::unique_lock<std::mutex> sending(send_mu_, std::defer_lock);
+  bool current = false;
   PreludeBook::Plan plan;
   if (prelude) {
+    sending.lock();
+    if (process > book_process_) {
+      preludes_.clear();
+      book_process_ = process;
+    }
+    // A send decided before a restart goes to the old queue, which fails: no book is consulted.
+    current = process == book_process_;
     plan = current ? preludes_.plan(prelude->id) : PreludeBook::Plan{true, 0};
     env.prelude = prelude->id;
     env.forget = plan.forget;

@@ -4,8 +4,8 @@
 // Its public fields are the board's (under the board's lock): the monitor thread
 // (worker_fleet.hpp) opens and closes it as its process starts and ends; any thread may ask for
 // a kill. What the process holds of the tasks' preludes (prelude_book.hpp) is the slot's own,
-// under its send lock: the sends that tell the process what to keep go one at a time, in the
-// order the book planned them.
+// under its send lock: the sends that tell the process what to keep (those of tasks with a
+// prelude) go one at a time, in the order the book planned them; other sends take no lock.
 #pragma once
 
 #include <cstdint>
