@@ -252,9 +252,11 @@ bool Ledger::claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
   for (;;) {
     if (gen_of(w) != (gen & kGenMask)) return false;
     const State st = state_of(w);
-    // HELD by another pid here means that consumer died inside its pop (the message is still
-    // at the head, or we would not be claiming it): the lease passes to us.
-    if (st != kInFlight && !(st == kHeld && holder_of(w) != me && !process_alive(holder_of(w)))) {
+    // HELD by another pid here means that consumer died inside its pop: the message is still at
+    // the head, and the caller holds the ring lock, so nobody can be claiming it now. The lease
+    // passes to us. Its liveness is not asked: a killed process lets go of its robust locks
+    // before it is a zombie, so the next popper can get here while it still looks alive.
+    if (st != kInFlight && !(st == kHeld && holder_of(w) != me)) {
       return st == kHeld && holder_of(w) == me;
     }
     if (s->compare_exchange_weak(w, word(kHeld, gen, me), std::memory_order_acq_rel)) return true;

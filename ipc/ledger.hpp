@@ -75,8 +75,9 @@ class Ledger {
   };
   std::vector<Unclaimed> unclaimed_leases() const;
 
-  // Receiver side, on a peer's mapped ledger segment. claim() moves an IN_FLIGHT lease (or one
-  // HELD by a consumer that died before its pop committed) to HELD by `me`; false when the slot
+  // Receiver side, on a peer's mapped ledger segment. claim(), from inside a pop only (under
+  // the ring lock, with the message at the head), moves an IN_FLIGHT lease (or one HELD by
+  // another consumer, which died before its pop committed) to HELD by `me`; false when the slot
   // does not match the record (a bad or stale record). release() ends a held lease.
   static bool claim(const Segment& ledger, std::uint32_t slot, std::uint32_t gen, pid_t me);
   static void release(const Segment& ledger, std::uint32_t slot, std::uint32_t gen,
