@@ -21,6 +21,7 @@
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
 #include "ipc/peer_roles.hpp"
+#include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/spin_policy.hpp"
 #include "ipc/step_times.hpp"
@@ -58,13 +59,13 @@ std::shared_ptr<Channel> Channel::create(const Options& options) {
   pthread_mutexattr_destroy(&attr);
   if (rc != 0) throw_errno(Errc::system, "pthread_mutex_init for a channel", rc);
 
-  h->custody_until.store(ring::kNothingInCustody, std::memory_order_relaxed);
+  h->custody_sweep_ns.store(ring::kNoSweep, std::memory_order_relaxed);
 
   // The magic goes in last so attach() never accepts a half-initialised header.
   h->magic.store(ring::kMagic, std::memory_order_release);
   UniqueFd custody = custody::make_socket();
   if (!custody) {
-    // A channel without custody still works: its senders wait at exit instead.
+    // A channel without custody still works: its messages live only as long as their senders.
     ferry::log().debug("channel: no custody socket ({})", std::strerror(errno));
   }
   return std::shared_ptr<Channel>(new Channel(std::move(segment), std::move(custody)));
@@ -112,6 +113,7 @@ std::shared_ptr<Channel> Channel::attach(UniqueFd fd, UniqueFd custody) {
 Channel::Channel(std::shared_ptr<Segment> segment, UniqueFd custody)
     : segment_(std::move(segment)),
       custody_(std::move(custody)),
+      custody_name_(custody_ ? custody::name_of(custody_.get()) : std::string()),
       push_spin_(SpinPolicy::ceiling_from_env()),
       pop_spin_(push_spin_.ceiling()) {}
 
@@ -157,8 +159,10 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
         // Only slots past tail are written before the commit, so dying here publishes nothing.
         for (std::uint32_t i = 0; i < count; ++i) {
           std::byte* s = slot(tail + i);
-          const std::uint32_t slot_count = i == 0 ? count : 0;
-          std::memcpy(s, &slot_count, sizeof slot_count);
+          // The pusher tells a custody sweep whose segments this message may still need.
+          const ring::SlotHead slot_head =
+              i == 0 ? ring::SlotHead{count, current_pid()} : ring::SlotHead{0, 0};
+          std::memcpy(s, &slot_head, sizeof slot_head);
           std::memcpy(s + ring::kSlotHeader, src + std::size_t{i} * h->record_size, h->record_size);
         }
         h->messages.store(messages + 1, std::memory_order_relaxed);
@@ -169,10 +173,12 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
     }
     if (pushed) {
       ring::wake(&h->not_empty_seq, &h->empty_waiters, &h->not_empty_woken_ns);
+      sweep_custody();
       return seq;
     }
     // Before the deadline: a wait that slept and runs out now still reports a death it sees.
     if (peer_check.due()) {
+      sweep_custody();
       if (const auto gone = counterpart_gone(Waiting::push)) {
         throw Error(Errc::peer_dead,
                     "push: the queue is full and nothing will ever take from it: every other "
@@ -230,19 +236,17 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
         h->messages.store(messages > 0 ? messages - 1 : 0, std::memory_order_relaxed);
         h->head.store(head + count, std::memory_order_release);
         popped = count;
-        // After the commit: dying before it must leave the deposits this message needs.
-        if (custody_ && head + count >= h->custody_until.load(std::memory_order_relaxed)) {
-          sort_custody_locked(head + count);
-        }
       } else if (h->closed.load(std::memory_order_acquire)) {
         throw Error(Errc::closed, "pop on a closed and drained channel");
       }
     }
     if (popped != 0) {
       ring::wake(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, popped);
+      sweep_custody();
       return popped;
     }
     if (peer_check.due()) {
+      sweep_custody();
       if (const auto gone = counterpart_gone(Waiting::pop)) {
         // A producer may have pushed its last message and exited after the ring was found
         // empty above: with every producer gone the ring can only have filled, so look again.

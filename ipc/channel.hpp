@@ -10,14 +10,18 @@
 // peer death.
 //
 // Custody: what a message needs besides its records (the segments of shared memory its tensors
-// live in) dies with its sender, so a sender that exits normally hands the fds of those segments
-// to the channel (deposit()). They wait as SCM_RIGHTS fds in flight in a Unix datagram socket
-// connected to itself, which every process attached to the channel holds (custody_fd()): the
-// kernel keeps them after the sender has gone, and refuses datagrams from any other socket. A
-// receiver that cannot fetch a segment from its exited owner takes it from there
-// (from_custody()). A deposit is kept until the last message that needs it has been consumed,
-// and dropped by the pop that consumes it, so a dead sender's memory lives exactly as long as its
-// queued messages (plan_custody(), custody_needed()), or until the channel's last holder exits.
+// live in) would die with its sender, so a sender hands the fds of those segments to the channel
+// before it pushes the first message that needs them (entrust()), once per segment. They wait as
+// SCM_RIGHTS fds in flight in a Unix datagram socket connected to itself, which every process
+// attached to the channel holds (custody_fd()): the kernel keeps them whatever happens to the
+// sender, SIGKILL included, and refuses datagrams from any other socket. A receiver that cannot
+// fetch a segment from its dead owner takes it from there (from_custody()). While its owner lives
+// a deposit costs nothing (the owner holds the same memory); once the owner has died it is kept
+// while a message the owner pushed is still queued, and dropped by the next sweep after that
+// (deposit_fate()): a pop, push or wait that finds a sweep due checks the owners it holds at
+// most every kCustodySweep, and reads the socket only when one of them died. So a dead
+// sender's memory lives exactly as long as its queued messages, or until the channel's last
+// holder exits and the socket goes with what is in it.
 #pragma once
 
 #include <sys/types.h>
@@ -45,27 +49,14 @@ namespace ring {
 struct Header;
 }
 
-// A lease of a sender that is exiting, as a channel's custody sees it: the message that carries
-// it and the sender's segment that its block lives in.
-struct QueuedLease {
-  std::uint64_t seq = 0;      // the message's sequence number (Channel::push)
-  std::uint32_t segment = 0;  // the owner's segment holding the block
-};
+// How often a custody that holds something checks whether its owners are alive.
+inline constexpr std::chrono::milliseconds kCustodySweep{200};
 
-// What an exiting sender leaves in a channel's custody, given its leases on that channel and the
-// ring's head: the segments its messages still queued there need (ascending, each once, with its
-// lease ledger, segment 0, first), kept until message `last_seq` has been consumed. A lease whose
-// message was consumed already (seq before head) needs nothing; no segments: nothing to leave.
-struct CustodyPlan {
-  std::uint64_t last_seq = 0;
-  std::vector<std::uint32_t> segments;
-};
-CustodyPlan plan_custody(const std::vector<QueuedLease>& leases, std::uint64_t head);
-
-// Whether a deposit kept until message `last_seq` is still needed when the ring's head is `head`
-// (every message before `head` consumed). A pop reads its head before it commits, so the message
-// it is popping still counts.
-bool custody_needed(std::uint64_t last_seq, std::uint64_t head) noexcept;
+// What a sweep does with a deposit: keep it while its owner lives (it may send again, and what it
+// sent may be popped at any time), and after its owner died while a message that owner pushed
+// is still queued (whoever pops it needs the segments); otherwise drop it (its fds close).
+enum class DepositFate : std::uint8_t { keep, drop };
+DepositFate deposit_fate(bool owner_alive, bool owner_has_queued) noexcept;
 
 class Channel {
  public:
@@ -121,20 +112,38 @@ class Channel {
   // True once the message with sequence number `seq` has been popped (or discarded).
   bool consumed(std::uint64_t seq) const noexcept;
 
-  // Custody (see the top of this file). deposit(): `owner` (this process, exiting) leaves the
-  // segments that its messages among `leases` still queued here need; `fd_of(segment)` gives
-  // each one's fd. True when nothing of them needs the owner any more (left in custody, or
-  // consumed already); false when this process has no custody socket, the ring lock stayed busy
-  // past `timeout`, or the custody is full: the owner must then stay until they are claimed.
-  // Leases this process already left here are not left twice.
-  bool deposit(pid_t owner_pid, std::uint64_t owner_token, const std::vector<QueuedLease>& leases,
-               const std::function<int(std::uint32_t segment)>& fd_of,
-               std::chrono::milliseconds timeout);
+  // Custody (see the top of this file). entrust(): the segments `segments` (numbers of this
+  // process's arena; 0 is its lease ledger) of this process, `owner_token`, must outlive it for
+  // the messages it pushes here: each one not handed over yet is deposited now, with its fd from
+  // `fd_of`, before the caller pushes. A segment is handed over once per process, so later calls
+  // cost a load per segment. True when every one of them is in the custody; false when this
+  // process has no custody socket, the ring lock stayed busy past `timeout`, or the custody
+  // refused them (logged once with the remedy, counted, and tried again at most once a second):
+  // those segments then live only as long as this process.
+  using FdOf = std::function<int(std::uint32_t segment)>;
+  bool entrust(std::uint64_t owner_token, const std::uint32_t* segments, std::size_t count,
+               const FdOf& fd_of, std::chrono::milliseconds timeout);
+  // Whether this process's `segment` is in the custody (what a normal exit need not wait for).
+  bool entrusted(std::uint32_t segment) const noexcept;
   // From inside a pop's claim only (it needs the ring lock): a new fd of `owner_token`'s
-  // `segment` if the custody holds it, else an empty one.
+  // `segment` if the custody holds it, else an empty one. It also sweeps.
   UniqueFd from_custody(std::uint64_t owner_token, std::uint32_t segment);
+  // Sweeps the custody now if a sweep is due (push, pop and their waits call it): checks the
+  // owners' lives and drops the deposits no one can need (deposit_fate()). `force`: even if
+  // one is not due.
+  void sweep_custody(bool force = false);
   // The custody socket, to pass to a spawned process with fd(); -1 when this process has none.
   int custody_fd() const noexcept;
+
+  // This process's handles on the channel (TensorQueue): while it has one it may pop what is
+  // queued. When the last goes, its custody socket closes, so that abandoned() can tell whether
+  // any other process still holds the channel.
+  void hold_here() noexcept;
+  void let_go_here() noexcept;
+  // True when nothing queued here can ever be popped: this process lets go of it and no other
+  // process holds it (ipc/peer_roles.hpp's channel_abandoned(), a few syscalls). What the queued
+  // messages hold may then be taken back.
+  bool abandoned() const;
 
   std::uint32_t capacity() const noexcept;
   std::uint32_t record_size() const noexcept;
@@ -165,16 +174,25 @@ class Channel {
   // Who could have served a waiter on the other side and has exited ("pid 12 (pushed; exited
   // with code 1)"), when every such process is gone (ipc/peer_roles.hpp); nullopt otherwise.
   std::optional<std::string> counterpart_gone(Waiting waiting) const;
-  // With the ring lock held: drops the deposits no message from `head` on needs, keeps the rest,
-  // and returns a new fd of (owner_token, segment) when one of them holds it.
-  UniqueFd sort_custody_locked(std::uint64_t head, std::uint64_t owner_token = 0,
-                               std::uint32_t segment = 0);
+  // With the ring lock held: sweeps the custody (deposit_fate()) and returns a new fd of
+  // (owner_token, segment) when a kept deposit holds it. `alive`: owners already known alive.
+  UniqueFd sweep_custody_locked(const std::vector<pid_t>& alive, std::uint64_t owner_token = 0,
+                                std::uint32_t segment = 0);
+  // Notes `pid` among the custody's owners, with the ring lock held.
+  void note_custody_owner_locked(pid_t pid) noexcept;
   std::shared_ptr<Segment> segment_;
   UniqueFd custody_;
-  // Through which message this process has deposited already (one past it), guarded by the
-  // ring lock; a forked child starts again.
-  pid_t deposited_by_ = 0;
-  std::uint64_t deposited_until_ = 0;
+  // The custody socket's abstract name, for abandoned() to ask whether it still exists after
+  // this process closed its own; empty without one.
+  std::string custody_name_;
+  // Which of its segments this process has entrusted (bit n: segment n; beyond 255 none is
+  // kept track of, nor entrusted), for `entrusted_pid_` only: a forked child starts again.
+  // Written under the ring lock, read without it.
+  static constexpr std::uint32_t kEntrustable = 256;
+  std::atomic<std::uint64_t> entrusted_bits_[kEntrustable / 64] = {};
+  std::atomic<pid_t> entrusted_pid_{0};
+  std::atomic<std::int64_t> entrust_retry_ns_{0};  // a refused custody is asked again from then
+  std::atomic<int> holds_here_{0};
   // This process's entry in the participants table, redone when a forked child first acts.
   std::atomic<std::uint32_t> registered_roles_{0};
   std::atomic<pid_t> registered_pid_{0};

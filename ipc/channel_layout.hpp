@@ -14,13 +14,22 @@ namespace ferry::ring {
 inline constexpr std::uint64_t kMagic = 0x31484359'52524546ull;  // "FERRYCH1" little-endian
 // 2: max_messages and the message count; 3: the wake-up stamps; 4: holders and announced
 // children (ipc/peer_roles.hpp); 5: custody_until; 6: a waker takes those it woke out of the
-// waiter counts (ring::wake)
-inline constexpr std::uint32_t kVersion = 6;
+// waiter counts (ring::wake); 7: custody from the first send (custody_owners, the pusher in a
+// message's first slot)
+inline constexpr std::uint32_t kVersion = 7;
 inline constexpr std::size_t kParticipants = 32;
-// A slot's own bytes before its record: the message's record count in its first slot, else 0.
+// A slot's own bytes before its record: in a message's first slot its record count and the pid
+// of the process that pushed it (SlotHead), in the others zeros.
 inline constexpr std::size_t kSlotHeader = 8;
-// custody_until when the custody keeps nothing.
-inline constexpr std::uint64_t kNothingInCustody = std::numeric_limits<std::uint64_t>::max();
+struct SlotHead {
+  std::uint32_t count;
+  std::int32_t pusher;
+};
+static_assert(sizeof(SlotHead) == kSlotHeader, "a slot's header is its first 8 bytes");
+// Processes whose segments the custody holds that a sweep can check without reading the socket.
+inline constexpr std::size_t kCustodyOwners = 32;
+// custody_sweep_ns while the custody holds nothing.
+inline constexpr std::int64_t kNoSweep = std::numeric_limits<std::int64_t>::max();
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
@@ -58,10 +67,13 @@ struct Header {
   std::atomic<std::uint32_t> dead_roles;
   // Children handed the channel that have not attached yet (announce(), hold(true)).
   std::atomic<std::uint32_t> announced;
-  // The head at which some deposit in the custody stops being needed (kNothingInCustody: none
-  // is kept), so a pop looks at the custody only when one of them is due to go. Written under
-  // the ring lock.
-  std::atomic<std::uint64_t> custody_until;
+  // The custody (ipc/channel.hpp): when its next sweep is due (steady clock, ns; kNoSweep while
+  // it holds nothing), the pids of the processes whose segments it holds (0: a free place), and
+  // whether some such process found no place (a sweep then reads every deposit). The pids and
+  // the flag are written under the ring lock; the due time by whoever claims the sweep.
+  std::atomic<std::int64_t> custody_sweep_ns;
+  std::atomic<std::uint32_t> custody_untracked;
+  std::atomic<std::int32_t> custody_owners[kCustodyOwners];
   alignas(64) std::atomic<std::uint64_t> participants[kParticipants];
 };
 

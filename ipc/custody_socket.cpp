@@ -4,6 +4,7 @@
 #include <sys/un.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -26,7 +27,38 @@ UniqueFd make_socket() {
       ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     return UniqueFd();
   }
+  // Every sender of the channel leaves a datagram or two here for its life: room for many (the
+  // kernel caps the ask at net.core.wmem_max, which is enough for hundreds). Best effort.
+  const int room = 4 << 20;
+  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDBUF, &room, sizeof room);
   return s;
+}
+
+std::string name_of(int sock) {
+  sockaddr_un addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
+  const auto path = static_cast<std::size_t>(offsetof(sockaddr_un, sun_path));
+  if (len <= path + 1 || addr.sun_path[0] != '\0') return {};
+  return std::string(addr.sun_path + 1, len - path - 1);
+}
+
+SocketHolders probe(const std::string& name) {
+  if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
+    return SocketHolders::unknown;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  UniqueFd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return SocketHolders::unknown;
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+    // The name was taken again by a socket that takes datagrams from anyone: not ours, gone.
+    return SocketHolders::none;
+  }
+  if (errno == ECONNREFUSED || errno == ENOENT) return SocketHolders::none;
+  return SocketHolders::some;  // EPERM, or anything else: keep
 }
 
 bool is_socket(int fd) {
@@ -41,9 +73,8 @@ bool is_socket(int fd) {
          std::memcmp(&self, &peer, self_len) == 0;
 }
 
-// Never blocks: a full custody is a failed deposit (the owner then stays), not a wait.
-bool send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments,
-                  const int* fds) {
+// Never blocks: a full custody is a refused deposit, not a wait.
+int send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments, const int* fds) {
   iovec iov[2] = {{const_cast<DepositHead*>(&head), sizeof head},
                   {const_cast<std::uint32_t*>(segments), head.count * sizeof(std::uint32_t)}};
   alignas(cmsghdr) char control[CMSG_SPACE(kMaxFdsPerDeposit * sizeof(int))] = {};
@@ -62,15 +93,11 @@ bool send_deposit(int sock, const DepositHead& head, const std::uint32_t* segmen
   do {
     n = ::sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(bytes)) {
-    ferry::log().warn("channel custody: cannot keep segments of pid {}: {}", head.owner_pid,
-                      n < 0 ? std::strerror(errno) : "short send");
-    return false;
-  }
-  return true;
+  if (n == static_cast<ssize_t>(bytes)) return 0;
+  return n < 0 ? errno : EMSGSIZE;
 }
 
-bool send_deposit(int sock, const Deposit& d) {
+int send_deposit(int sock, const Deposit& d) {
   std::vector<int> fds;
   for (const UniqueFd& fd : d.fds) fds.push_back(fd.get());
   return send_deposit(sock, d.head, d.segments.data(), fds.data());

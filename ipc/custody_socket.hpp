@@ -1,6 +1,6 @@
-// A channel's custody as bytes on a socket (internal): the segment fds an exited sender left,
-// in flight as SCM_RIGHTS datagrams (ipc/channel.hpp says what custody is for). The callers
-// hold the ring lock, which orders every reader and writer of the socket.
+// A channel's custody as bytes on a socket (internal): the segment fds senders entrusted, in
+// flight as SCM_RIGHTS datagrams (ipc/channel.hpp says what custody is for). The callers hold
+// the ring lock, which orders every reader and writer of the socket.
 #pragma once
 
 #include <sys/types.h>
@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <string>
+
 #include "ipc/fd.hpp"
+#include "ipc/peer_roles.hpp"
 
 namespace ferry::custody {
 
@@ -20,11 +23,10 @@ inline constexpr std::size_t kMaxFdsPerDeposit = 250;
 struct DepositHead {
   std::uint64_t magic;
   std::uint64_t owner_token;
-  std::uint64_t last_seq;  // kept until this message has been consumed
   std::int32_t owner_pid;
   std::uint32_t count;
 };
-inline constexpr std::uint64_t kDepositMagic = 0x54534f4359525246ull;  // "FRRYCOST"
+inline constexpr std::uint64_t kDepositMagic = 0x3253554359525246ull;  // "FRRYCUS2"
 
 struct Deposit {
   DepositHead head{};
@@ -36,11 +38,17 @@ struct Deposit {
 UniqueFd make_socket();
 // Whether `fd` is such a socket (what a channel attached with a custody fd checks it is given).
 bool is_socket(int fd);
+// The socket's abstract name (its bytes after the leading NUL); empty when it has none.
+std::string name_of(int sock);
+// Whether a socket of that name still exists, asked by connecting to it: some process holds it
+// while the kernel refuses the connection (EPERM: it is connected to itself), none once no such
+// name is left (ECONNREFUSED). Nothing is sent.
+SocketHolders probe(const std::string& name);
 
-// Sends one deposit of `head.count` segments and their fds; never blocks. False (logged) when
-// the socket refuses it, e.g. full: the owner then stays.
-bool send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments, const int* fds);
-bool send_deposit(int sock, const Deposit& d);
+// Sends one deposit of `head.count` segments and their fds; never blocks. 0, or the errno of a
+// refusal: EAGAIN (full), ETOOMANYREFS (this user has more fds in flight than its fd limit).
+int send_deposit(int sock, const DepositHead& head, const std::uint32_t* segments, const int* fds);
+int send_deposit(int sock, const Deposit& d);
 
 // Every deposit in the socket, taken out of it: the caller sends back what is still needed. A
 // malformed datagram, or one whose fds this process had no room for, is dropped (logged).

@@ -160,6 +160,19 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
   releases_seen_.store(header()->releases.load(std::memory_order_acquire),
                        std::memory_order_relaxed);
   std::unordered_map<pid_t, bool> alive;
+  const auto holder_alive = [&alive](pid_t holder) {
+    auto it = alive.find(holder);
+    if (it == alive.end()) it = alive.emplace(holder, process_alive(holder)).first;
+    return it->second;
+  };
+  // A queue that no process holds any more will never be popped: what its messages keep is
+  // taken back (Channel::abandoned(), a few syscalls for a queue this process let go of).
+  std::unordered_map<const Channel*, bool> given_up;
+  const auto abandoned = [&given_up](const Channel& channel) {
+    auto it = given_up.find(&channel);
+    if (it == given_up.end()) it = given_up.emplace(&channel, channel.abandoned()).first;
+    return it->second;
+  };
   std::size_t freed = 0;
   for (std::size_t i = 0; i < outstanding_.size();) {
     const std::uint32_t slot = outstanding_[i];
@@ -173,6 +186,7 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
     const std::uint64_t w = slots()[slot].load(std::memory_order_acquire);
     bool end = false;
     bool lost = false;
+    bool left = false;  // its queue was abandoned with the message in it
     switch (state_of(w)) {
       case kReleased:
         end = true;
@@ -180,14 +194,17 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
       case kInFlight:
         // Consumed yet never claimed: the message was discarded, nobody will claim it.
         end = consumed;
+        if (!end && check_dead && l.channel) end = left = abandoned(*l.channel);
         break;
       case kHeld:
-        // Only once the message has left the queue: before that, the next consumer re-claims it.
-        if (check_dead && consumed) {
-          const pid_t holder = holder_of(w);
-          auto it = alive.find(holder);
-          if (it == alive.end()) it = alive.emplace(holder, process_alive(holder)).first;
-          end = lost = !it->second;
+        // Only once the message has left the queue: before that, the next consumer re-claims it,
+        // unless no process holds the queue any more (its claimer died inside the pop).
+        if (check_dead && l.channel && !holder_alive(holder_of(w))) {
+          if (consumed) {
+            end = lost = true;
+          } else {
+            end = left = abandoned(*l.channel);
+          }
         }
         break;
       case kFree:
@@ -197,6 +214,10 @@ std::size_t Ledger::reclaim_locked(bool check_dead) {
     if (!end) {
       ++i;
       continue;
+    }
+    if (left) {
+      detail::bump(detail::counters().leases_abandoned);
+      log().debug("lease {} taken back: its queue is held by no process any more", slot);
     }
     if (state_of(w) == kReleased && refused(w)) {
       refusals_.push_back({holder_of(w), local_[slot].keepalive});

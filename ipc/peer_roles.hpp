@@ -1,4 +1,5 @@
-// Who may still push to or pop from a channel: the rule behind Error(peer_dead).
+// Who may still push to or pop from a channel: the rule behind Error(peer_dead), and the one
+// behind giving up a channel nobody holds.
 //
 // A process takes a role by acting: its first push makes it a producer, its first pop a
 // consumer. A process that holds the channel but has not acted yet (a child that attached it,
@@ -8,6 +9,9 @@
 // way, and some other process that could have has exited: a child that starts late is waited
 // for, not taken for dead because an early sibling exited, and a producer that dies before its
 // first push ends the consumer's wait as surely as one that pushed.
+//
+// The same table, with the channel's custody socket, says when no process at all can pop what is
+// queued any more (channel_abandoned()).
 #pragma once
 
 #include <cstdint>
@@ -44,5 +48,21 @@ struct Participant {
 bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
                       const std::vector<Participant>& others, std::uint32_t dead_roles,
                       std::uint32_t announced) noexcept;
+
+// Who holds a channel's custody socket besides this process, as a probe of its abstract name
+// tells: some process (the name answers), none (it is gone), or unknown (this process never had
+// the socket).
+enum class SocketHolders : std::uint8_t { some, none, unknown };
+
+// True when nothing queued in a channel can ever be popped, so that what its queued messages
+// hold (their leases, and the channel itself) may be taken back by their sender: this process
+// holds no handle on it any more, no process holds its custody socket (every process forked
+// while holding the channel holds it, as does every process handed it together with the
+// channel), no other process of the participants table is alive (one that attached the channel
+// without its socket counts there from its attach), and no child is on its way. Without the
+// socket's answer nothing is given up: a child forked holding the channel that has not acted yet
+// is in no table.
+bool channel_abandoned(bool held_here, SocketHolders custody, bool other_participant_alive,
+                       std::uint32_t announced) noexcept;
 
 }  // namespace ferry

@@ -111,6 +111,11 @@ TransportStats transport_stats() noexcept {
   s.segments_mapped = ld(c.segments_mapped);
   s.fds_fetched = ld(c.fds_fetched);
   s.leases_reclaimed = ld(c.leases_reclaimed);
+  s.segments_entrusted = ld(c.segments_entrusted);
+  s.custody_refusals = ld(c.custody_refusals);
+  s.segments_from_custody = ld(c.segments_from_custody);
+  s.leases_abandoned = ld(c.leases_abandoned);
+  s.bytes_returned = ld(c.bytes_returned);
   s.cuda_tensors_zero_copy = ld(c.cuda_tensors_zero_copy);
   s.cuda_bytes_zero_copy = ld(c.cuda_bytes_zero_copy);
   s.cuda_handles_exported = ld(c.cuda_handles_exported);

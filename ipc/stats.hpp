@@ -56,6 +56,14 @@ struct TransportStats {
   std::uint64_t segments_mapped = 0;   // peers' segments mapped here (each at most once)
   std::uint64_t fds_fetched = 0;       // segment fds received by SCM_RIGHTS
   std::uint64_t leases_reclaimed = 0;  // leases taken back from receivers that died
+  // Custody (ipc/channel.hpp): this process's segments handed to queues' custody (once per
+  // segment and queue), the times a custody refused them, and segments this process took from
+  // a custody because their sender had died.
+  std::uint64_t segments_entrusted = 0, custody_refusals = 0, segments_from_custody = 0;
+  // Leases of messages left in queues that no process holds any more, taken back.
+  std::uint64_t leases_abandoned = 0;
+  // Bytes of free arena blocks given back to the system after lying unused (FERRY_ARENA_IDLE_MS).
+  std::uint64_t bytes_returned = 0;
   // CUDA IPC (runtime/transport/cuda_ipc/); the zero-copy ones are also in tensors_zero_copy.
   std::uint64_t cuda_tensors_zero_copy = 0, cuda_bytes_zero_copy = 0;
   // Handles exported and opened: cudaIpcGetMemHandle and cudaIpcOpenMemHandle calls (once per
@@ -126,6 +134,8 @@ struct StatCounters {
   std::atomic<std::uint64_t> shared_allocation_fallbacks{0}, bytes_shared_allocation_fallbacks{0};
   std::atomic<std::uint64_t> segments_created{0}, segments_mapped{0}, fds_fetched{0};
   std::atomic<std::uint64_t> leases_reclaimed{0};
+  std::atomic<std::uint64_t> segments_entrusted{0}, custody_refusals{0}, segments_from_custody{0};
+  std::atomic<std::uint64_t> leases_abandoned{0}, bytes_returned{0};
   std::atomic<std::uint64_t> cuda_tensors_zero_copy{0}, cuda_bytes_zero_copy{0};
   std::atomic<std::uint64_t> cuda_handles_exported{0}, cuda_handles_opened{0};
   std::atomic<std::uint64_t> cuda_handle_cache_hits{0}, cuda_handles_closed{0};

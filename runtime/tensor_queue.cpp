@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -13,20 +14,21 @@
 #include "ipc/env.hpp"
 #include "ipc/log.hpp"
 #include "ipc/process.hpp"
+#include "ipc/segment.hpp"
 #include "ipc/stats.hpp"
 #include "ipc/step_times.hpp"
 #include "ipc/wire.hpp"
+#include "runtime/receive_witness.hpp"
 #include "runtime/transport/transport.hpp"
 #include "runtime/transport_table.hpp"
 
 namespace ferry {
 namespace {
 
-// At a normal exit, a process that sent tensors leaves what its queued messages need in their
-// queues' custody, and waits (FERRY_EXIT_LINGER_MS, default 2 s) only for what it could not
-// leave there: once it is gone its memory cannot be fetched from it. The variable is read at the
-// first send, where a bad value is that send's Error; a throw from the atexit handler would end
-// the process in std::terminate.
+// At a normal exit, a process that sent tensors waits (FERRY_EXIT_LINGER_MS, default 2 s) only for
+// what its queues' custody does not hold: once it is gone that memory cannot be fetched from it.
+// The variable is read at the first send, where a bad value is that send's Error; a throw from
+// the atexit handler would end the process in std::terminate.
 std::atomic<std::int64_t> g_exit_linger_ms{2000};
 
 void linger_at_exit() {
@@ -48,10 +50,15 @@ void register_linger_once() {
 }
 using detail::Claim;
 
+std::atomic<detail::ReceiveWitness> g_witness{nullptr};
+
 // Inside the pop, while the records are still in the ring: each record's transport claims its
 // lease and maps what it needs. A failure is noted in its Claim, reported after the pop.
 void claim_records(const std::byte* bytes, std::uint32_t count, Channel& channel,
                    std::vector<Claim>& out) {
+  if (const auto witness = g_witness.load(std::memory_order_relaxed)) {
+    witness(reinterpret_cast<const wire::Record*>(bytes), count);
+  }
   const pid_t me = current_pid();
   // A sender that exited left its segments in the queue's custody; the pop holds the ring lock
   // that reading it needs.
@@ -85,6 +92,10 @@ std::size_t in_flight() {
 
 }  // namespace
 
+void detail::set_receive_witness(ReceiveWitness witness) noexcept {
+  g_witness.store(witness);
+}
+
 std::size_t flush(std::chrono::milliseconds timeout) {
   const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
   std::size_t waiting;
@@ -114,6 +125,11 @@ std::chrono::milliseconds exit_linger() {
   using std::chrono::milliseconds;
   return env::millis("FERRY_EXIT_LINGER_MS", milliseconds(2000), milliseconds(0),
                      std::chrono::hours(1));
+}
+
+TensorQueue::TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {
+  channel_->hold_here();
+  hold_ = std::shared_ptr<void>(channel_.get(), [ch = channel_](void*) { ch->let_go_here(); });
 }
 
 TensorQueue TensorQueue::create(const Options& options) {
@@ -191,6 +207,8 @@ SendReport TensorQueue::send_message(const Tensors& body,
   auto abandon = [&] {
     for (const auto& [l, lease] : leases) l->abandon(lease);
   };
+  // The segments of this process's arena the records name, and its lease ledger (0), once each.
+  std::vector<std::uint32_t> segments;
   const detail::SendContext ctx{arena, {receiver_pid_, receiver_device_}, options.detached};
   for (const detail::Transport* t : detail::all_transports()) t->before_send(ctx);
   SendReport report;  // body's tensors
@@ -201,6 +219,10 @@ SendReport TensorQueue::send_message(const Tensors& body,
     const detail::Carrier carrier = detail::choose(facts);
     detail::Outgoing o = detail::transport(carrier).encode(t, i, ctx);
     if (o.ledger) leases.emplace_back(o.ledger, o.lease);
+    if (o.segment && std::find(segments.begin(), segments.end(), *o.segment) == segments.end()) {
+      if (segments.empty()) segments.push_back(0);
+      if (*o.segment != 0) segments.push_back(*o.segment);
+    }
     wire::Record& r = records[i];
     r = o.record;
     r.msg_index = static_cast<std::uint16_t>(i);
@@ -218,6 +240,18 @@ SendReport TensorQueue::send_message(const Tensors& body,
     }
     for (std::size_t i = 0; i < body.size(); ++i) encode(body[i], first + i, report.tensors[i]);
     if (describe) encode((*describe)(report), 0, header);
+    if (!segments.empty()) {
+      // Before the push: once the message is in the ring, this process may die at any instant,
+      // and the custody must already hold what the message needs. A refusal is logged and
+      // counted there; the message then lives as long as this process.
+      channel_->entrust(
+          process_token(), segments.data(), segments.size(),
+          [&arena](std::uint32_t seg) {
+            const std::shared_ptr<Segment> s = arena.segment(seg);
+            return s ? s->fd() : -1;
+          },
+          options.timeout);
+    }
     const steps::Timed pushing("send: push");
     seq = channel_->push(records.data(), static_cast<std::uint32_t>(n), options.timeout);
   } catch (...) {

@@ -12,10 +12,13 @@
 // received from it move into the receiver's own memory (runtime/peer_exit.hpp); recv() looks
 // for such senders at most every 100 ms.
 //
-// A sender may exit right after sending: at its exit (flush_at_exit()) it leaves the segments its
-// queued messages need in each queue's custody (ipc/channel.hpp), which outlives it, so they are
-// delivered after it has gone, as the receiver's own copies. A sender killed by a signal leaves
-// nothing: its queued messages fail with Error(peer_dead).
+// A message outlives its sender from the moment send() returns: before it pushes the first message
+// that names one of its segments, a sender hands that segment to the queue's custody
+// (ipc/channel.hpp), which every process holding the queue holds and the kernel keeps whatever
+// happens to the sender. So a message is delivered after its sender has gone, SIGKILL and
+// _exit() included, as the receiver's own copy. When a queue is held by no process any more
+// (every handle on it dropped, its other holders dead), what its queued messages kept is taken
+// back by their sender within a second.
 //
 // A CUDA tensor travels by CUDA IPC: the receiver gets a view on the sender's allocation, opened
 // once per process, after its current stream waited for the sender's last write. Where that is
@@ -57,8 +60,9 @@ class TensorQueue {
   // Attaches to a queue from fds inherited across exec (fd() and custody_fd() in the parent; both
   // are duplicated). The process counts as one that may send or receive (hold()); `announced`:
   // the parent called announce() for it. Without `custody_fd` the queue works the same, but what
-  // this process leaves queued at exit is delivered only if it is claimed while it waits
-  // (FERRY_EXIT_LINGER_MS), and it cannot take what exited senders left in the custody.
+  // this process sends is delivered only while it lives (or, at a normal exit, if it is claimed
+  // while the process waits, FERRY_EXIT_LINGER_MS), and it cannot take what dead senders left in
+  // the custody.
   static TensorQueue attach(int fd, bool announced = false, int custody_fd = -1);
 
   // Who may still send or receive decides when a wait ends in peer_dead: a recv() on an empty
@@ -121,11 +125,14 @@ class TensorQueue {
   void set_yielding(bool on) noexcept;
 
  private:
-  explicit TensorQueue(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
+  explicit TensorQueue(std::shared_ptr<Channel> channel);
   SendReport send_message(const Tensors& body,
                           const std::function<at::Tensor(const SendReport&)>* describe,
                           const SendOptions& options);
   std::shared_ptr<Channel> channel_;
+  // This process's hold on the queue, shared by every copy of this handle: the last copy to go
+  // lets go of it (Channel::let_go_here()), while the leases of queued messages keep channel_.
+  std::shared_ptr<void> hold_;
   pid_t receiver_pid_ = 0;
   int receiver_device_ = -2;  // unknown
 };
@@ -134,11 +141,11 @@ class TensorQueue {
 // passes; returns how many are still waiting.
 std::size_t flush(std::chrono::milliseconds timeout);
 
-// Readies this process to exit with messages still queued: leaves the segments they need in
-// their queues' custody, so receivers get them after this process has gone, then waits up to
-// `timeout`, as flush() does, for the tensors it could not leave there (on a queue attached
-// without its custody fd, CUDA tensors); returns how many of those are still waiting. Call it
-// before _exit(); a normal exit() calls it with FERRY_EXIT_LINGER_MS.
+// Readies this process to exit with messages still queued: waits up to `timeout`, as flush()
+// does, for the tensors that would not outlive it (on a queue attached without its custody fd,
+// or whose custody refused them, and CUDA tensors); returns how many of those are still waiting.
+// What its queues' custody holds needs no wait. A normal exit() calls it with
+// FERRY_EXIT_LINGER_MS; calling it before _exit() is needed only for those tensors.
 std::size_t flush_at_exit(std::chrono::milliseconds timeout);
 
 // How long a normal exit waits in flush_at_exit(): FERRY_EXIT_LINGER_MS, 2 s by default. Throws

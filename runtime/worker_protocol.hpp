@@ -21,8 +21,9 @@
 namespace ferry::protocol {
 
 // Bumped whenever any message below changes shape or meaning (3: a failure's detail; 4: the
-// hello's shared_allocations; 5: a task's prelude).
-inline constexpr int kVersion = 5;
+// hello's shared_allocations; 5: a task's prelude; 6: the hello's third fd, the results queue's
+// custody).
+inline constexpr int kVersion = 6;
 // Tensors one task may take or return (the queues are sized so in-flight work always fits).
 inline constexpr std::size_t kMaxTensorsPerTask = 64;
 

@@ -268,9 +268,9 @@ int serve_tasks(int control) {
   if (::getppid() != hello.supervisor_pid) {
     return kWorkerSupervisorGone;  // it died before PR_SET_PDEATHSIG took hold
   }
-  if (m.fds.size() != 2) {
+  if (m.fds.size() != 2 && m.fds.size() != 3) {
     return refuse(control, welcome,
-                  "the hello carried " + std::to_string(m.fds.size()) + " fds, not 2");
+                  "the hello carried " + std::to_string(m.fds.size()) + " fds, not 2 or 3");
   }
   if (const std::string p = device_problem(hello.device); !p.empty()) {
     return refuse(control, welcome, p);
@@ -282,7 +282,10 @@ int serve_tasks(int control) {
     return refuse(control, welcome, e.detail());
   }
   TensorQueue tasks = TensorQueue::attach(m.fds[0].get());
-  TensorQueue results = TensorQueue::attach(m.fds[1].get());
+  // With the results queue's custody (the third fd), a result sent reaches the supervisor even if
+  // this worker dies the next instant.
+  TensorQueue results =
+      TensorQueue::attach(m.fds[1].get(), false, m.fds.size() > 2 ? m.fds[2].get() : -1);
   tasks.set_yielding(true);  // as the supervisor's side does (worker_process.cpp)
   results.set_yielding(true);
   m.fds.clear();

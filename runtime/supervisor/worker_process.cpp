@@ -96,7 +96,10 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
     hello.config = spec.config;
     for (const auto& [name, t] : spec.shared) hello.shared.push_back(name);
     send_shared(spec.shared);
-    send_control(control_.get(), protocol::encode(hello), {tasks_->fd(), results_->fd()});
+    // The results queue's custody goes too: a result the worker has sent outlives the worker.
+    std::vector<int> fds{tasks_->fd(), results_->fd()};
+    if (results_->custody_fd() >= 0) fds.push_back(results_->custody_fd());
+    send_control(control_.get(), protocol::encode(hello), fds);
   } catch (const Error& e) {
     // A worker already gone is seen on its pidfd; anything else ends this start now. Shared
     // tensors that cannot be shared with it will not be with the next one either.

@@ -82,6 +82,10 @@ struct Outgoing {
   Ledger::Lease lease;
   std::optional<CopyReason> copied;  // why it was copied first; unset when shared in place
   bool self_contained = false;  // the record holds the bytes: counted neither shared nor copied
+  // The segment of this process's arena that the record names (its receiver maps it, and the
+  // lease ledger, segment 0): the queue's custody must hold both before the message is pushed,
+  // so that it outlives this process.
+  std::optional<std::uint32_t> segment;
 };
 
 // What the receiver learned about one record while the message was still in the ring.

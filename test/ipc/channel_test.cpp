@@ -954,31 +954,19 @@ TEST_CASE("channel keeps a message whose consumer is SIGKILLed inside the critic
   REQUIRE(pop_message(*ch, nullptr, 1s) == 1);
 }
 
-TEST_CASE("custody plan: a sender whose messages were all consumed leaves nothing",
-          "[channel][custody]") {
-  CHECK(ferry::plan_custody({}, 0).segments.empty());
-  CHECK(ferry::plan_custody({{3, 1}, {4, 2}}, 5).segments.empty());
+TEST_CASE("deposit fate: a live owner's deposit is kept, queued or not", "[channel][custody]") {
+  CHECK(ferry::deposit_fate(true, true) == ferry::DepositFate::keep);
+  CHECK(ferry::deposit_fate(true, false) == ferry::DepositFate::keep);
 }
 
-TEST_CASE("custody plan: queued messages leave their segments and the ledger, until the last",
+TEST_CASE("deposit fate: a dead owner's deposit is kept while a message it pushed is queued",
           "[channel][custody]") {
-  const ferry::CustodyPlan plan = ferry::plan_custody({{7, 2}, {9, 1}, {8, 2}}, 7);
-  CHECK(plan.last_seq == 9);
-  CHECK(plan.segments == std::vector<std::uint32_t>{0, 1, 2});  // segment 2 once
+  CHECK(ferry::deposit_fate(false, true) == ferry::DepositFate::keep);
 }
 
-TEST_CASE("custody plan: a message consumed already adds neither its segment nor its place",
+TEST_CASE("deposit fate: a dead owner with nothing queued has its deposit dropped",
           "[channel][custody]") {
-  const ferry::CustodyPlan plan = ferry::plan_custody({{20, 5}, {3, 4}, {12, 1}, {30, 5}}, 10);
-  CHECK(plan.last_seq == 30);
-  CHECK(plan.segments == std::vector<std::uint32_t>{0, 1, 5});
-}
-
-TEST_CASE("custody: a deposit is needed until its last message has been consumed",
-          "[channel][custody]") {
-  CHECK(ferry::custody_needed(5, 4));        // queued behind the head
-  CHECK(ferry::custody_needed(5, 5));        // at the head: being popped, not consumed yet
-  CHECK_FALSE(ferry::custody_needed(5, 6));  // consumed
+  CHECK(ferry::deposit_fate(false, false) == ferry::DepositFate::drop);
 }
 
 namespace {
@@ -1009,8 +997,8 @@ bool still_running(pid_t pid) {
 }  // namespace
 
 TEST_CASE(
-    "channel custody keeps an exited sender's fds for its consumers until its last "
-    "message is consumed",
+    "channel custody holds a sender's fds from its first push, through its SIGKILL, until its "
+    "last message is consumed",
     "[channel][custody]") {
   Watchdog watchdog(60);
   auto ch = make_channel(16);
@@ -1021,18 +1009,22 @@ TEST_CASE(
   constexpr std::uint64_t kOwner = 0x5eed;
   const int write_end = pipe_fds[1];
   const pid_t sender = children.spawn([&] {
-    std::vector<ferry::QueuedLease> leases;
-    leases.push_back({push_message(*ch, 1, 1), 3});
-    leases.push_back({push_message(*ch, 2, 2), 3});
     const auto fd_of = [write_end](std::uint32_t segment) {
       return segment == 0 || segment == 3 ? write_end : -1;
     };
-    return ch->deposit(::getpid(), kOwner, leases, fd_of, 5s) ? 0 : 1;
+    const std::uint32_t segments[] = {0, 3};
+    if (!ch->entrust(kOwner, segments, 2, fd_of, 5s)) return 1;
+    push_message(*ch, 1, 1);
+    if (!ch->entrust(kOwner, segments, 2, [](std::uint32_t) { return -1; }, 5s)) return 2;
+    push_message(*ch, 2, 2);
+    ::raise(SIGKILL);  // the instant after the push: nothing runs at its exit
+    return 3;
   });
-  children.expect_success(sender);
+  const int status = children.wait(sender, 10s);
+  REQUIRE(WIFSIGNALED(status));
   ::close(write_end);  // from here on the custody holds the only write ends
 
-  // A consumer forked after the sender has gone takes the segments inside its pop's claim.
+  // A consumer forked after the sender has died takes the segments inside its pop's claim.
   const pid_t first = children.spawn([&] {
     std::vector<std::byte> out;
     bool ok = false;
@@ -1046,39 +1038,60 @@ TEST_CASE(
     return ok ? 0 : 1;
   });
   children.expect_success(first);
+  ch->sweep_custody(true);
   std::this_thread::sleep_for(200ms);
   REQUIRE(still_running(reader));  // message 2 still needs the deposit
-  // A pop that asks the custody nothing still drops what the message it consumed was the last
-  // to need.
   REQUIRE(pop_message(*ch) == 2);
+  // The next sweep (a pop, push or wait finds it due) drops it: its owner is dead and nothing
+  // of it is queued.
+  ch->sweep_custody(true);
   children.expect_success(reader);
   REQUIRE(ch->size() == 0);
 }
 
-TEST_CASE("channel custody keeps nothing for consumed messages, and needs a custody socket",
-          "[channel][custody]") {
+TEST_CASE(
+    "channel custody keeps a live sender's deposit, takes each segment once, and needs a "
+    "custody socket",
+    "[channel][custody]") {
   Watchdog watchdog(60);
-  auto ch = make_channel(8);
   Children children;
   int pipe_fds[2];
+  // Forked before the channel exists, so that only the channel's processes hold its custody.
   const pid_t reader = pipe_witness(children, pipe_fds, "");
+  auto ch = make_channel(8);
   const int write_end = pipe_fds[1];
-  const auto fd_of = [write_end](std::uint32_t) { return write_end; };
-  const pid_t sender = children.spawn([&] {
-    const std::uint64_t seq = push_message(*ch, 1, 1);
-    pop_message(*ch);
-    // True: nothing queued needs this sender, and nothing is kept.
-    return ch->deposit(::getpid(), 7, {{seq, 1}}, fd_of, 5s) ? 0 : 1;
-  });
-  children.expect_success(sender);
+  int asked = 0;
+  const auto fd_of = [write_end, &asked](std::uint32_t) {
+    ++asked;
+    return write_end;
+  };
+  const std::uint32_t segments[] = {0, 1};
+  REQUIRE(ch->entrust(7, segments, 2, fd_of, 5s));
+  REQUIRE(ch->entrusted(0));
+  REQUIRE(ch->entrusted(1));
+  REQUIRE_FALSE(ch->entrusted(2));
+  REQUIRE(ch->entrust(7, segments, 2, fd_of, 5s));  // kept already: nothing asked
+  REQUIRE(asked == 2);
+  const std::uint32_t more[] = {0, 1, 2};
+  REQUIRE(ch->entrust(7, more, 3, fd_of, 5s));
+  REQUIRE(asked == 3);
+  push_message(*ch, 1, 1);
+  REQUIRE(pop_message(*ch) == 1);
   ::close(write_end);
-  children.expect_success(reader);
+  ch->sweep_custody(true);
+  std::this_thread::sleep_for(200ms);
+  REQUIRE(still_running(reader));  // its owner, this process, lives: kept
+  // A forked child entrusts its own segments, not its parent's.
+  const pid_t child = children.spawn([&] {
+    const std::uint32_t own[] = {0};
+    return !ch->entrusted(0) && ch->entrust(9, own, 1, [](std::uint32_t) { return 0; }, 5s) ? 0
+                                                                                              : 1;
+  });
+  children.expect_success(child);
 
   auto bare = Channel::attach(ferry::UniqueFd(::dup(ch->fd())));
   REQUIRE(bare->custody_fd() == -1);
-  const std::uint64_t seq = push_message(*bare, 2, 1);
-  REQUIRE_FALSE(bare->deposit(
-      ::getpid(), 7, {{seq, 1}}, [](std::uint32_t) { return 0; }, 1s));
+  REQUIRE_FALSE(bare->entrust(7, segments, 2, [](std::uint32_t) { return 0; }, 1s));
 
   auto with =
       Channel::attach(ferry::UniqueFd(::dup(ch->fd())), ferry::UniqueFd(::dup(ch->custody_fd())));
@@ -1086,4 +1099,53 @@ TEST_CASE("channel custody keeps nothing for consumed messages, and needs a cust
   REQUIRE(error_code([&] {
             Channel::attach(ferry::UniqueFd(::dup(ch->fd())), ferry::UniqueFd(::dup(ch->fd())));
           }) == Errc::invalid_argument);
+  // The reader still waits on this process's deposit: dropping the channels (every holder of
+  // the socket) lets it go.
+  with.reset();
+  ch.reset();
+  children.expect_success(reader);
+}
+
+TEST_CASE("channel is abandoned once no process holds it: not before a forked holder dies",
+          "[channel][abandoned]") {
+  Watchdog watchdog(60);
+  auto ch = make_channel(8);
+  ch->hold_here();
+  REQUIRE_FALSE(ch->abandoned());  // held here
+  Children children;
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  const pid_t holder = children.spawn([&] {
+    char c;
+    return ::read(go[0], &c, 1) == 1 ? 0 : 1;  // holds the socket it inherited until told
+  });
+  ch->let_go_here();
+  REQUIRE(ch->custody_fd() == -1);  // closed here: only the child holds it now
+  REQUIRE_FALSE(ch->abandoned());
+  REQUIRE(::write(go[1], "x", 1) == 1);
+  children.expect_success(holder);
+  REQUIRE(ch->abandoned());
+
+  // One that attached without the socket counts by its entry in the table while it lives.
+  auto shared = make_channel(8);
+  shared->hold_here();
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t attacher = children.spawn([&] {
+    shared->let_go_here();  // closes the socket it inherited: it holds the channel without it
+    auto mine = Channel::attach(ferry::UniqueFd(::dup(shared->fd())));
+    mine->hold();
+    char c;
+    return ::write(ready[1], "r", 1) == 1 && ::read(go[0], &c, 1) == 1 ? 0 : 1;
+  });
+  char c;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  shared->let_go_here();
+  REQUIRE_FALSE(shared->abandoned());  // the socket is gone, but the attacher lives
+  REQUIRE(::write(go[1], "x", 1) == 1);
+  children.expect_success(attacher);
+  REQUIRE(shared->abandoned());
+  for (int fd : {ready[0], ready[1]}) ::close(fd);
+  ::close(go[0]);
+  ::close(go[1]);
 }

@@ -1,5 +1,6 @@
 // When a waiter on a channel is told its counterpart is gone (Error(peer_dead)): one case per
-// rule of counterpart_gone(), as the channel's waiters ask it.
+// rule of counterpart_gone(), as the channel's waiters ask it; and when a channel is held by no
+// process at all (channel_abandoned()).
 #include "../catch.hpp"
 
 #include <vector>
@@ -122,4 +123,35 @@ TEST_CASE("peer roles: a push is told its consumers are gone only when none can 
   SECTION("the waiter that also pops: not gone") {
     REQUIRE_FALSE(counterpart_gone(Waiting::push, me | kRoleConsumer, {dead_consumer}, 0, 0));
   }
+}
+
+using ferry::channel_abandoned;
+using ferry::SocketHolders;
+
+TEST_CASE("abandoned: nobody holds it, not this process, the socket, the table or a newcomer",
+          "[peer_roles][abandoned]") {
+  CHECK(channel_abandoned(false, SocketHolders::none, false, 0));
+}
+
+TEST_CASE("abandoned: not while this process still has a handle on it", "[peer_roles][abandoned]") {
+  CHECK_FALSE(channel_abandoned(true, SocketHolders::none, false, 0));
+}
+
+TEST_CASE("abandoned: not while some process holds its custody socket (a forked holder)",
+          "[peer_roles][abandoned]") {
+  CHECK_FALSE(channel_abandoned(false, SocketHolders::some, false, 0));
+}
+
+TEST_CASE("abandoned: not while another participant lives (one attached without the socket)",
+          "[peer_roles][abandoned]") {
+  CHECK_FALSE(channel_abandoned(false, SocketHolders::none, true, 0));
+}
+
+TEST_CASE("abandoned: not while a child is on its way to it", "[peer_roles][abandoned]") {
+  CHECK_FALSE(channel_abandoned(false, SocketHolders::none, false, 1));
+}
+
+TEST_CASE("abandoned: never when this process cannot ask the socket", "[peer_roles][abandoned]") {
+  // A process that never had the socket cannot tell a forked holder that has not acted yet.
+  CHECK_FALSE(channel_abandoned(false, SocketHolders::unknown, false, 0));
 }

@@ -186,6 +186,34 @@ TEST_CASE("a receiver SIGKILLed holding views: the sender's memory is reclaimed"
   CHECK(transport_stats().leases_reclaimed == reclaimed + 1);
 }
 
+TEST_CASE(
+    "a CUDA message whose sender is SIGKILLed before it is taken fails with peer_dead naming it, "
+    "and the queue works on",
+    "[gpu]") {
+  REQUIRE_GPU();
+  auto q = TensorQueue::create({8});
+  const pid_t child = test::fork_child([&] {
+    const at::Tensor x = at::arange(1000, kCuda);
+    expect(x.sum().item<std::int64_t>() == 499500, "the tensor is made");  // an idle stream
+    q.send({x, at::full({5000}, 3.0)}, 60s);
+    q.send({at::full({5000}, 4.0)}, 60s);  // CPU only: its segments are in the custody
+    ::raise(SIGKILL);
+  });
+  REQUIRE(test::wait_child(child) == 128 + SIGKILL);
+  try {
+    q.recv(30s);
+    FAIL("the CUDA message arrived after its sender died");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::peer_dead);
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("pid " + std::to_string(child)));
+    CHECK_THAT(what, Catch::Contains("t.cpu()"));  // the remedy
+  }
+  const Tensors m = q.recv(30s);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].eq(4).all().item<bool>());
+}
+
 TEST_CASE("a re-exported tensor is copied by the process that forwards it", "[gpu]") {
   REQUIRE_GPU();
   auto q = TensorQueue::create({4});

@@ -99,6 +99,14 @@ std::size_t shm_mappings() {
   return count;
 }
 
+// Makes this process's arena, its lease ledger and its segment server (they stay for good) before
+// a test counts what it has open: one message to itself, taken back.
+void make_arena() {
+  auto q = TensorQueue::create({2});
+  q.send({ferry::empty_shared({1}, at::kFloat)}, 5s);
+  q.recv(5s);
+}
+
 // A consumer that takes one message from `q`, says so on `ctl` and holds it until killed; run
 // in a child forked from the test, or in a runtime_tests exec'd from one (spawn).
 [[noreturn]] void hold_until_killed(TensorQueue& q, TensorQueue& ctl) {
@@ -464,12 +472,41 @@ TEST_CASE("lazy conjugate and negative views arrive resolved", "[queue]") {
   REQUIRE(m[1].equal(z.neg()));
 }
 
-TEST_CASE("a message whose sender was killed before it was taken is reported, not jammed",
-          "[queue]") {
+TEST_CASE("a message whose sender was SIGKILLed the instant send() returned is delivered",
+          "[queue][custody]") {
+  auto q = TensorQueue::create({16});
+  for (int round = 0; round < 20; ++round) {
+    INFO("round " << round);
+    const pid_t child = ferry::test::fork_child([&] {
+      // A view of the arena, a copy on send (too large for its record) and one inside its
+      // record; after a first message, so the custody holds what this one adds too.
+      q.send({ferry::empty_shared({64}, at::kFloat).fill_(round)}, 5s);
+      q.send({ferry::empty_shared({1000}, at::kFloat).fill_(7), at::full({5000}, 3.0),
+              at::full({4}, 2.0)},
+             5s);
+      ::raise(SIGKILL);  // no flush, no exit handler: only the custody outlives it
+    });
+    REQUIRE(ferry::test::wait_child(child) == 128 + SIGKILL);
+    Tensors first = q.recv(5s);
+    REQUIRE(first[0].eq(round).all().item<bool>());
+    Tensors m = q.recv(5s);
+    REQUIRE(m.size() == 3);
+    REQUIRE(m[0].eq(7).all().item<bool>());
+    REQUIRE(m[1].eq(3).all().item<bool>());
+    REQUIRE(m[2].eq(2).all().item<bool>());
+  }
+}
+
+TEST_CASE("a sender attached without the custody: a message it was killed before sending on is "
+          "reported, not jammed",
+          "[queue][custody]") {
   auto q = TensorQueue::create({4});
   const pid_t child = ferry::test::fork_child([&] {
-    q.send({ferry::empty_shared({64}, at::kFloat)}, 5s);
-    ::raise(SIGKILL);  // no flush, no exit linger: the memory goes with the process
+    // Closes the socket it inherited, then holds the queue by its ring alone.
+    ::close(q.custody_fd());
+    auto bare = TensorQueue::attach(q.fd());
+    bare.send({ferry::empty_shared({64}, at::kFloat)}, 5s);
+    ::raise(SIGKILL);  // nothing of it outlives it: the memory goes with the process
   });
   REQUIRE(ferry::test::wait_child(child) == 128 + SIGKILL);
   try {
@@ -587,10 +624,13 @@ TEST_CASE("exec'd peer: attach with the custody, send and exit", "[.exec_sender]
   auto q = TensorQueue::attach(fd, false, custody);
   ::setenv("FERRY_EXIT_LINGER_MS", "20000", 1);
   q.send({ferry::empty_shared({100}, at::kFloat).fill_(5), at::arange(10)}, 30s);
+  if (ferry::env::text("FERRY_TEST_SENDER_KILLS_ITSELF", "") == "1") ::raise(SIGKILL);
 }
 
-TEST_CASE("a spawned sender that exits at once is delivered after it has gone",
+TEST_CASE("a spawned sender that exits at once, or is SIGKILLed, is delivered after it has gone",
           "[queue][custody]") {
+  const bool killed = GENERATE(false, true);
+  INFO((killed ? "SIGKILLed" : "exits") << " after its send");
   auto q = TensorQueue::create({4});
   REQUIRE(q.custody_fd() >= 0);
   const auto start = std::chrono::steady_clock::now();
@@ -598,10 +638,11 @@ TEST_CASE("a spawned sender that exits at once is delivered after it has gone",
     for (int fd : {q.fd(), q.custody_fd()}) ::fcntl(fd, F_SETFD, 0);  // inherit across exec
     const std::string fds = std::to_string(q.fd()) + "," + std::to_string(q.custody_fd());
     ::setenv("FERRY_TEST_SENDER_FDS", fds.c_str(), 1);
+    ::setenv("FERRY_TEST_SENDER_KILLS_ITSELF", killed ? "1" : "0", 1);
     ::execl("/proc/self/exe", "runtime_tests", "[.exec_sender]", nullptr);
     ::_exit(127);
   });
-  REQUIRE(ferry::test::wait_child(child) == 0);
+  REQUIRE(ferry::test::wait_child(child) == (killed ? 128 + SIGKILL : 0));
   REQUIRE(seconds_since(start) < 10);
   Tensors m = q.recv(5s);
   REQUIRE(m.size() == 2);
@@ -623,7 +664,7 @@ TEST_CASE("exec'd peer: hold a message until killed", "[.exec_holder]") {
 TEST_CASE("a consumer SIGKILLed holding tensors leaves the producer nothing open", "[lease]") {
   const bool spawned = GENERATE(false, true);
   INFO((spawned ? "spawned" : "forked") << " consumer");
-  ferry::empty_shared({1}, at::kFloat);  // the arena, its ledger and server exist before
+  make_arena();  // the arena, its ledger and server exist before
   const auto leases_before = ferry::arena_stats().leases_outstanding;
   const auto before = open_fds();
   {
@@ -648,6 +689,65 @@ TEST_CASE("a consumer SIGKILLed holding tensors leaves the producer nothing open
   INFO("still open: " << (left.empty() ? std::string() : left.front()));
   REQUIRE(left.empty());
   REQUIRE(ferry::arena_stats().leases_outstanding == leases_before);
+}
+
+// Run only when the test below re-executes this binary: a spawned consumer that takes some of
+// what is queued, holds it and is killed, with the rest still in flight.
+TEST_CASE("exec'd peer: take some, hold them until killed", "[.exec_partial]") {
+  const std::string fds = ferry::env::text("FERRY_TEST_PARTIAL_FDS", "");
+  if (fds.empty()) return;
+  int in_fd = -1, ctl_fd = -1;
+  REQUIRE(std::sscanf(fds.c_str(), "%d,%d", &in_fd, &ctl_fd) == 2);
+  auto in = TensorQueue::attach(in_fd);
+  auto ctl = TensorQueue::attach(ctl_fd);
+  std::vector<Tensors> held;
+  for (int i = 0; i < 10; ++i) held.push_back(in.recv(30s));
+  ctl.send({}, 30s);
+  for (;;) ::pause();
+}
+
+TEST_CASE("a consumer SIGKILLed with messages still queued: once the producer drops the queue, "
+          "nothing of it stays open, round after round",
+          "[lease][abandoned]") {
+  const bool spawned = GENERATE(false, true);
+  INFO((spawned ? "spawned" : "forked") << " consumer");
+  make_arena();  // the arena, its ledger and server exist before
+  const auto leases_before = ferry::arena_stats().leases_outstanding;
+  const auto abandoned_before = ferry::transport_stats().leases_abandoned;
+  const auto before = open_fds();
+  for (int round = 0; round < 10; ++round) {
+    INFO("round " << round);
+    {
+      auto q = TensorQueue::create({64});
+      auto ctl = TensorQueue::create({2});
+      const pid_t child = ferry::test::fork_child([&] {
+        if (!spawned) {
+          std::vector<Tensors> held;
+          for (int i = 0; i < 10; ++i) held.push_back(q.recv(30s));
+          ctl.send({}, 30s);
+          for (;;) ::pause();
+        }
+        for (int fd : {q.fd(), ctl.fd()}) ::fcntl(fd, F_SETFD, 0);
+        const std::string fds = std::to_string(q.fd()) + "," + std::to_string(ctl.fd());
+        ::setenv("FERRY_TEST_PARTIAL_FDS", fds.c_str(), 1);
+        ::execl("/proc/self/exe", "runtime_tests", "[.exec_partial]", nullptr);
+        ::_exit(127);
+      });
+      // 16 KiB each, not from the arena: copied on send, and held as views (or copied out on
+      // receipt, which ends their leases at once).
+      for (int i = 0; i < 16; ++i) q.send({at::full({4096}, float(i))}, 30s);
+      ctl.recv(60s);
+      ::kill(child, SIGKILL);
+      ferry::test::wait_child(child);
+    }
+    // Both queues are dropped, 6 messages still in one of them: no process can pop them any
+    // more. No call into ferry from here: the producer lets go on its own, within a second or so.
+    const std::vector<std::string> left = wait_for_fds_of(before, 5s);
+    INFO("still open: " << (left.empty() ? std::string() : left.front()));
+    REQUIRE(left.empty());
+    REQUIRE(ferry::arena_stats().leases_outstanding == leases_before);
+  }
+  REQUIRE(ferry::transport_stats().leases_abandoned - abandoned_before >= 10);
 }
 
 TEST_CASE("FERRY_EXIT_LINGER_MS: a bad value is the first send's error, a unit is read as such",

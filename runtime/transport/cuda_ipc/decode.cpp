@@ -208,8 +208,19 @@ std::shared_ptr<Segment> claim_cuda(const wire::Record& r, pid_t me) {
       wait_on_flag(r, device, stream);
     }
   }
-  auto ledger =
-      map_peer_segment(r.owner_pid, r.owner_token, wire::kCudaLedgerSeq, 0, kFetchTimeout);
+  std::shared_ptr<Segment> ledger;
+  try {
+    ledger = map_peer_segment(r.owner_pid, r.owner_token, wire::kCudaLedgerSeq, 0, kFetchTimeout);
+  } catch (const Error& e) {
+    if (e.code() != Errc::peer_dead) throw;
+    // Device memory is its process's: no custody can keep it (docs/cuda.md, "When a process
+    // dies").
+    throw Error(Errc::peer_dead,
+                "a CUDA tensor's sender (pid " + std::to_string(r.owner_pid) +
+                    ") died before it was taken, and its device memory went with it; for a "
+                    "message that must outlive a sender that may be killed, send a CPU copy "
+                    "(t.cpu()), which the queue keeps, and move it to the device on arrival");
+  }
   if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
     throw Error(Errc::bad_record, "CUDA lease " + std::to_string(r.lease_slot) + "/" +
                                       std::to_string(r.lease_gen) + " of pid " +

@@ -61,7 +61,7 @@ class ShmCpu final : public Transport {
     copy_on_receipt_below();  // a bad FERRY_COPY_ON_RECEIPT_BELOW fails with no message taken
     relocate_from_dead_if_due();
   }
-  ExitWait at_exit() const override { return leave_in_custody(); }
+  ExitWait at_exit() const override { return wait_for_uncovered(); }
 };
 
 }  // namespace
@@ -88,6 +88,7 @@ Outgoing describe_in_arena(const at::Tensor& shared, std::shared_ptr<BlockHandle
   r.segment_size = arena.segment(block->block.segment_seq)->size();
   r.block_offset = block->block.offset;
   const std::uint32_t segment = block->block.segment_seq;
+  out.segment = segment;
   out.lease = arena.ledger().acquire(std::move(block), segment);
   r.lease_slot = out.lease.slot;
   r.lease_gen = out.lease.gen;
@@ -115,11 +116,33 @@ std::uint64_t copy_on_receipt_below() {
   return below;
 }
 
+namespace {
+
+// A peer's segment, from the peer or, once it has died, from the queue's custody; where neither
+// has it, the error says why and what keeps it next time.
+std::shared_ptr<Segment> map_sender_segment(Claim& c, std::uint32_t seq, std::size_t size,
+                                            const CustodyLookup& custody) {
+  const wire::Record& r = c.record;
+  try {
+    return map_peer_segment(r.owner_pid, r.owner_token, seq, size, kFetchTimeout, custody,
+                            &c.sender_exited);
+  } catch (const Error& e) {
+    if (e.code() != Errc::peer_dead) throw;
+    throw Error(Errc::peer_dead,
+                e.detail() +
+                    " (the queue's custody did not hold it: its sender attached the queue without "
+                    "the custody fd, so what it sent lived only as long as it did; pass "
+                    "custody_fd() along with fd() to TensorQueue::attach. Or the custody refused "
+                    "it, which the sender logged with the remedy)");
+  }
+}
+
+}  // namespace
+
 void claim_cpu(Claim& c, pid_t me, const CustodyLookup& custody) {
   const steps::Timed step("recv: claim a CPU record (in the pop)");
   const wire::Record& r = c.record;
-  auto ledger =
-      map_peer_segment(r.owner_pid, r.owner_token, 0, 0, kFetchTimeout, custody, &c.sender_exited);
+  auto ledger = map_sender_segment(c, 0, 0, custody);
   if (!Ledger::claim(*ledger, r.lease_slot, r.lease_gen, me)) {
     c.error = "lease " + std::to_string(r.lease_slot) + "/" + std::to_string(r.lease_gen) +
               " of pid " + std::to_string(r.owner_pid) + " does not match the record";
@@ -128,8 +151,7 @@ void claim_cpu(Claim& c, pid_t me, const CustodyLookup& custody) {
   c.ledger = std::move(ledger);
   // Mapped before the pop commits, so once a sender sees its lease claimed it may exit: the
   // receiver already holds the memory.
-  c.data = map_peer_segment(r.owner_pid, r.owner_token, r.segment_seq, r.segment_size,
-                            kFetchTimeout, custody, &c.sender_exited);
+  c.data = map_sender_segment(c, r.segment_seq, r.segment_size, custody);
 }
 
 at::Tensor decode_cpu(Claim& c, pid_t me) {
