@@ -10,6 +10,7 @@
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
 #include "ipc/segment_server.hpp"
+#include "ipc/stats.hpp"
 #include "ipc/units.hpp"
 
 namespace ferry {
@@ -18,6 +19,8 @@ namespace {
 constexpr std::size_t kSmallAlign = 64;
 constexpr std::size_t kLargeAlign = 4096;
 constexpr std::size_t kLargeBlock = std::size_t{1} << 20;
+// What a free range gives back is whole pages of it.
+constexpr std::uint64_t kPage = 4096;
 
 std::size_t round_up(std::size_t v, std::size_t a) {
   return (v + a - 1) / a * a;
@@ -52,6 +55,16 @@ void reader_exited() noexcept {
   drop_dead_peer_segments();
 }
 
+// The segment server's housekeeping: this process's arena gives back the pages that lay unused.
+std::optional<Clock::time_point> give_back_idle(Clock::time_point now) noexcept {
+  Arena* arena;
+  {
+    std::lock_guard<std::mutex> lock(g_local_mu);
+    arena = g_local && g_local->pid() == current_pid() ? g_local : nullptr;
+  }
+  return arena ? arena->trim(now) : std::nullopt;
+}
+
 // Whether reader_exited() should also run now and then: while a lease is out, its holder may be
 // a process the segment server never watched.
 bool leases_out() noexcept {
@@ -81,6 +94,8 @@ Arena::Options Arena::options_from_env() {
       env::bytes("FERRY_ARENA_SEGMENT_MB", o.segment_size, kLargeBlock, std::uint64_t{1} << 40));
   o.lease_slots = static_cast<std::uint32_t>(
       env::integer("FERRY_LEASE_SLOTS", o.lease_slots, 1, std::int64_t{1} << 24));
+  o.idle = env::millis("FERRY_ARENA_IDLE_MS", o.idle, std::chrono::milliseconds(0),
+                       std::chrono::hours(24 * 365));
   return o;
 }
 
@@ -91,6 +106,7 @@ Ledger& Arena::ledger() {
   if (!ledger_) {
     ledger_ = Ledger::create(options_.lease_slots);
     set_reader_exit_hook(&reader_exited, &leases_out);
+    set_housekeeping(&give_back_idle);
     publish_segment(0, ledger_->segment());
   }
   return *ledger_;
@@ -115,21 +131,43 @@ void Arena::insert_free_locked(std::uint32_t seq, std::uint64_t offset, std::uin
   // Coalesce with the free neighbours on both sides.
   auto next = by_off.lower_bound(offset);
   if (next != by_off.end() && offset + size == next->first) {
-    erase_sized(next->first, next->second);
-    size += next->second;
+    erase_sized(next->first, next->second.size);
+    size += next->second.size;
     next = by_off.erase(next);
   }
   if (next != by_off.begin()) {
     auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      erase_sized(prev->first, prev->second);
+    if (prev->first + prev->second.size == offset) {
+      erase_sized(prev->first, prev->second.size);
       offset = prev->first;
-      size += prev->second;
+      size += prev->second.size;
       by_off.erase(prev);
     }
   }
-  by_off.emplace(offset, size);
+  // The merged range lies unused from now: what of it was given back already stays so.
+  const Clock::time_point now = Clock::now();
+  by_off.emplace(offset, Range{size, now, false});
   free_by_size_.emplace(size, Free{seq, offset});
+  note_housekeeping(now + options_.idle);
+}
+
+void Arena::reserve_locked(std::uint32_t seq, std::uint64_t offset, std::uint64_t size) {
+  auto& returned = returned_[seq - 1];
+  if (returned.empty()) return;
+  const std::uint64_t from = offset / kPage * kPage;
+  const std::uint64_t to = round_up(offset + size, kPage);
+  auto it = returned.upper_bound(from);
+  if (it != returned.begin() && std::prev(it)->second > from) --it;
+  while (it != returned.end() && it->first < to) {
+    const std::uint64_t a = std::max(it->first, from), b = std::min(it->second, to);
+    // Reserved before the range is changed: a refusal leaves the record exact.
+    segments_[seq - 1]->reserve_pages(a, b - a);
+    const std::uint64_t start = it->first, end = it->second;
+    it = returned.erase(it);
+    if (start < a) returned.emplace(start, a);
+    if (b < end) it = returned.emplace(b, end).first;
+    returned_bytes_ -= b - a;
+  }
 }
 
 bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
@@ -144,6 +182,12 @@ bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
     if (start > f.offset) insert_free_locked(f.seq, f.offset, start - f.offset);
     const std::uint64_t tail = f.offset + range_size - (start + size);
     if (tail > 0) insert_free_locked(f.seq, start + size, tail);
+    try {
+      reserve_locked(f.seq, start, size);
+    } catch (...) {
+      insert_free_locked(f.seq, start, size);  // back where it was; its pages stay given back
+      throw;
+    }
     *out = Block{f.seq, start, size, segments_[f.seq - 1]->data() + start};
     stats_.bytes_in_use += size;
     stats_.blocks_in_use += 1;
@@ -152,13 +196,59 @@ bool Arena::take_locked(std::size_t size, std::size_t align, Block* out) {
   return false;
 }
 
+std::optional<Clock::time_point> Arena::trim(Clock::time_point now) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<Clock::time_point> next;
+  for (std::size_t i = 0; i < free_by_offset_.size(); ++i) {
+    auto& returned = returned_[i];
+    for (auto& [offset, range] : free_by_offset_[i]) {
+      if (range.trimmed) continue;
+      if (range.since + options_.idle > now) {
+        if (!next || range.since + options_.idle < *next) next = range.since + options_.idle;
+        continue;
+      }
+      range.trimmed = true;
+      // Its whole pages, less those given back already.
+      std::uint64_t at = round_up(offset, kPage);
+      const std::uint64_t end = (offset + range.size) / kPage * kPage;
+      while (at < end) {
+        auto it = returned.upper_bound(at);
+        if (it != returned.begin() && std::prev(it)->second > at) {
+          at = std::prev(it)->second;
+          continue;
+        }
+        const std::uint64_t stop = it == returned.end() ? end : std::min(end, it->first);
+        if (!segments_[i]->release_pages(at, stop - at)) return std::nullopt;  // it never will
+        // Joined to its neighbours, so the record stays a few ranges.
+        std::uint64_t from = at, to = stop;
+        if (it != returned.end() && it->first == to) {
+          to = it->second;
+          it = returned.erase(it);
+        }
+        if (it != returned.begin() && std::prev(it)->second == from) {
+          from = std::prev(it)->first;
+          returned.erase(std::prev(it));
+        }
+        returned.emplace(from, to);
+        returned_bytes_ += stop - at;
+        detail::bump(detail::counters().bytes_returned, stop - at);
+        at = stop;
+      }
+    }
+  }
+  stats_.bytes_returned = returned_bytes_;
+  return next;
+}
+
 void Arena::grow_locked(std::size_t at_least) {
   const std::size_t size = growth_for(at_least, options_.segment_size);
   auto seg = Segment::create(
       size, options_.dir.empty() ? default_segment_place() : SegmentPlace::in_dir(options_.dir));
   segments_.push_back(seg);
   free_by_offset_.emplace_back();
+  returned_.emplace_back();
   const auto seq = static_cast<std::uint32_t>(segments_.size());
+  set_housekeeping(&give_back_idle);
   publish_segment(seq, std::move(seg));
   insert_free_locked(seq, 0, size);
   stats_.segments += 1;
@@ -215,7 +305,9 @@ std::shared_ptr<Segment> Arena::segment(std::uint32_t seq) const {
 
 Arena::Stats Arena::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  Stats s = stats_;
+  s.bytes_returned = returned_bytes_;
+  return s;
 }
 
 }  // namespace ferry

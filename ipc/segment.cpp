@@ -146,7 +146,39 @@ std::shared_ptr<Segment> Segment::create(std::size_t size, const SegmentPlace& p
   }
   detail::bump(detail::counters().segments_created);
   log().debug("segment created: {} in {} (fd {})", format_bytes(size), place.describe(), fd.get());
-  return std::shared_ptr<Segment>(new Segment(std::move(fd), static_cast<std::byte*>(p), size));
+  return std::shared_ptr<Segment>(
+      new Segment(std::move(fd), static_cast<std::byte*>(p), size, place));
+}
+
+bool Segment::release_pages(std::uint64_t offset, std::uint64_t length) noexcept {
+  if (length == 0) return true;
+  // The mapping's pages go with the file's: every process that maps it sees the hole.
+  if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(length)) == 0) {
+    return true;
+  }
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    log().debug("segment: pages cannot be given back in {}: {}", place_.describe(),
+                std::strerror(errno));
+  }
+  return false;
+}
+
+void Segment::reserve_pages(std::uint64_t offset, std::uint64_t length) {
+  if (length == 0) return;
+  check_memory_room(place_, static_cast<std::size_t>(length));
+  int rc;
+  do {
+    rc = ::posix_fallocate(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(length));
+  } while (rc == EINTR);
+  if (rc == ENOSPC || rc == EFBIG || rc == ENOMEM) {
+    throw_exhausted(place_, static_cast<std::size_t>(length), rc);
+  }
+  if (rc != 0) {
+    throw_errno(Errc::shm_failed,
+                "cannot reserve " + format_bytes(length) + " again in " + place_.describe(), rc);
+  }
 }
 
 std::shared_ptr<Segment> Segment::attach(UniqueFd fd, std::size_t expected_size, bool keep_fd) {

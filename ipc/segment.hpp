@@ -37,16 +37,25 @@ class Segment {
   std::size_t size() const noexcept { return size_; }
   int fd() const noexcept { return fd_.get(); }  // -1 once closed after mapping
 
+  // Gives the pages of [offset, offset + length) (whole pages, both ends page-aligned) back to
+  // the system: every mapping, in every process, reads zeros there until they are written again.
+  // Only its creator calls it, on bytes nobody uses. False where the file cannot (logged once).
+  bool release_pages(std::uint64_t offset, std::uint64_t length) noexcept;
+  // Reserves those pages again, as create() reserved the whole segment, before they are used:
+  // throws Error(shm_exhausted) naming the sizes and the remedy when they no longer fit.
+  void reserve_pages(std::uint64_t offset, std::uint64_t length);
+
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
  private:
-  Segment(UniqueFd fd, std::byte* data, std::size_t size) noexcept
-      : fd_(std::move(fd)), data_(data), size_(size) {}
+  Segment(UniqueFd fd, std::byte* data, std::size_t size, SegmentPlace place = {}) noexcept
+      : fd_(std::move(fd)), data_(data), size_(size), place_(std::move(place)) {}
   UniqueFd fd_;
   std::byte* data_;
   std::size_t size_;
+  SegmentPlace place_;  // where create() made it: what a failed reserve_pages() names
 };
 
 }  // namespace ferry

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -70,6 +72,26 @@ std::mutex g_mu;
 Server* g_server = nullptr;
 std::atomic<void (*)() noexcept> g_reader_exit_hook{nullptr};
 std::atomic<bool (*)() noexcept> g_sweep_pending{nullptr};
+std::atomic<Housekeeping> g_housekeeping{nullptr};
+// When housekeeping next comes due (steady clock, ns; kNever: nothing pending), and the eventfd
+// that wakes the serving thread of process g_wake_pid when it had nothing pending.
+constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
+std::atomic<std::int64_t> g_housekeeping_due{kNever};
+std::atomic<int> g_wake_fd{-1};
+std::atomic<pid_t> g_wake_pid{0};
+
+std::int64_t ns_of(Clock::time_point t) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Lowers the due time to `due`; true when it was lowered.
+bool lower_due(std::int64_t due) noexcept {
+  std::int64_t cur = g_housekeeping_due.load(std::memory_order_relaxed);
+  while (due < cur) {
+    if (g_housekeeping_due.compare_exchange_weak(cur, due)) return true;
+  }
+  return false;
+}
 // How often the hook also runs while g_sweep_pending says so: the bound on how long a lease
 // outlives a reader this server never watched (a child forked after its parent mapped our
 // segments uses them without asking) or stopped watching (beyond kMaxWatched).
@@ -77,8 +99,14 @@ constexpr int kSweepMs = 1000;
 // Readers watched at most: beyond, a reader's death is noticed by the sweep (kSweepMs).
 constexpr std::size_t kMaxWatched = 1024;
 
-[[maybe_unused]] const int g_atfork =
-    pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
+[[maybe_unused]] const int g_atfork = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
+                                                   [] {
+                                                     g_mu.unlock();
+                                                     // The child's server, when it has one,
+                                                     // starts with nothing pending.
+                                                     g_housekeeping_due.store(kNever);
+                                                     g_wake_fd.store(-1);
+                                                   });
 
 struct Reader {
   pid_t pid;
@@ -141,35 +169,58 @@ void serve_one(int conn, std::vector<Reader>& readers) {
   }
 }
 
-void serve_forever(int listen_fd, std::shared_ptr<std::promise<void>> started) {
+void serve_forever(int listen_fd, int wake_fd, std::shared_ptr<std::promise<void>> started) {
   started->set_value();
   std::vector<Reader> readers;
   std::vector<pollfd> polled;
+  constexpr std::size_t kFirstReader = 2;  // after the listening socket and the wake-up fd
   // Counted from the last sweep, so that a server kept busy by requests still sweeps.
   auto next_sweep = Clock::now() + std::chrono::milliseconds(kSweepMs);
   for (;;) {
-    polled.assign(1, pollfd{listen_fd, POLLIN, 0});
+    polled.assign({pollfd{listen_fd, POLLIN, 0}, pollfd{wake_fd, POLLIN, 0}});
     for (const Reader& r : readers) polled.push_back({r.pidfd.get(), POLLIN, 0});
     const auto pending = g_sweep_pending.load();
-    int timeout = -1;
-    if (pending && pending()) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_sweep - Clock::now());
-      timeout = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+    const bool sweeping = pending && pending();
+    const Clock::time_point now = Clock::now();
+    std::optional<Clock::time_point> until;
+    if (sweeping) {
+      until = next_sweep;
     } else {
-      next_sweep = Clock::now() + std::chrono::milliseconds(kSweepMs);
+      next_sweep = now + std::chrono::milliseconds(kSweepMs);
+    }
+    const std::int64_t due = g_housekeeping_due.load(std::memory_order_relaxed);
+    if (due != kNever) {
+      const Clock::time_point at{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(due))};
+      if (!until || at < *until) until = at;
+    }
+    int timeout = -1;
+    if (until) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - now);
+      timeout = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
     }
     if (::poll(polled.data(), polled.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       log().error("segment server stopped: poll: {}", std::strerror(errno));
       return;
     }
+    if (polled[1].revents & POLLIN) {
+      std::uint64_t n;
+      [[maybe_unused]] ssize_t r = ::read(wake_fd, &n, sizeof n);
+    }
+    const Clock::time_point woke = Clock::now();
+    if (const auto run = g_housekeeping.load();
+        run && g_housekeeping_due.load(std::memory_order_relaxed) <= ns_of(woke)) {
+      // Cleared first: what is noted while it runs lowers it again and is not lost.
+      g_housekeeping_due.store(kNever);
+      if (const auto next = run(woke)) lower_due(ns_of(*next));
+    }
     // A sweep runs the hook as if someone had exited.
-    bool exited = timeout >= 0 && Clock::now() >= next_sweep;
-    if (exited) next_sweep = Clock::now() + std::chrono::milliseconds(kSweepMs);
-    for (std::size_t i = polled.size(); i-- > 1;) {
+    bool exited = sweeping && woke >= next_sweep;
+    if (exited) next_sweep = woke + std::chrono::milliseconds(kSweepMs);
+    for (std::size_t i = polled.size(); i-- > kFirstReader;) {
       if (polled[i].revents == 0) continue;
-      log().debug("segment server: reader {} exited", readers[i - 1].pid);
-      readers.erase(readers.begin() + static_cast<std::ptrdiff_t>(i - 1));
+      log().debug("segment server: reader {} exited", readers[i - kFirstReader].pid);
+      readers.erase(readers.begin() + static_cast<std::ptrdiff_t>(i - kFirstReader));
       exited = true;
     }
     if (exited) {
@@ -207,12 +258,20 @@ Server& local_server() {
     throw_errno(Errc::system, "segment server: bind/listen", err);
   }
   s->listen_fd = fd;
+  const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    const int err = errno;
+    ::close(fd);
+    throw_errno(Errc::system, "segment server: eventfd", err);
+  }
   // Wait until the thread runs: a fork while it is still starting (inside the allocator, with
   // sanitizer runtimes that do not guard it across fork) would leave the child a lock held
   // forever, and users often fork right after their first shared tensor.
   auto started = std::make_shared<std::promise<void>>();
   std::future<void> running = started->get_future();
-  std::thread(serve_forever, fd, std::move(started)).detach();
+  g_wake_pid.store(s->pid);
+  g_wake_fd.store(wake);
+  std::thread(serve_forever, fd, wake, std::move(started)).detach();
   running.wait();
   g_server = s;
   log().debug("segment server listening for pid {}", s->pid);
@@ -234,6 +293,19 @@ void publish_bundle(std::uint32_t seq, std::shared_ptr<const FdBundle> bundle) {
 void withdraw_segment(std::uint32_t seq) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_server && g_server->pid == current_pid()) g_server->published.erase(seq);
+}
+
+void set_housekeeping(Housekeeping run) noexcept {
+  g_housekeeping.store(run);
+}
+
+void note_housekeeping(Clock::time_point due) noexcept {
+  if (!lower_due(ns_of(due))) return;  // the thread wakes by then anyway
+  const int fd = g_wake_fd.load();
+  if (fd >= 0 && g_wake_pid.load() == current_pid()) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = ::write(fd, &one, sizeof one);
+  }
 }
 
 void set_reader_exit_hook(void (*hook)() noexcept, bool (*pending)() noexcept) noexcept {

@@ -19,9 +19,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ipc/clock.hpp"
 #include "ipc/fd.hpp"
 
 namespace ferry {
@@ -59,6 +61,14 @@ std::shared_ptr<Segment> find_published_segment(std::uint32_t seq);
 // asked for them (forked from one that had) is found dead within that second. One per
 // process; neither may throw.
 void set_reader_exit_hook(void (*hook)() noexcept, bool (*pending)() noexcept = nullptr) noexcept;
+
+// Work the serving thread does besides serving, when it comes due: `run(now)` does what is due
+// and returns when it next comes due (nullopt: nothing pending). One per process; may not throw.
+using Housekeeping = std::optional<Clock::time_point> (*)(Clock::time_point now) noexcept;
+void set_housekeeping(Housekeeping run) noexcept;
+// Tells the serving thread that housekeeping comes due by `due` at the latest. Cheap: a load,
+// and a wake-up only when it had nothing pending.
+void note_housekeeping(Clock::time_point due) noexcept;
 
 // Fetches the fd of segment `seq` from its owner. Throws Error(peer_dead) when the owner has
 // exited, Error(fd_transfer) when it refuses or no longer has the segment, Error(timeout).

@@ -35,6 +35,9 @@ py::dict transport_stats_dict() {
       "bytes_shared_allocation_fallbacks"_a = s.bytes_shared_allocation_fallbacks,
       "segments_created"_a = s.segments_created, "segments_mapped"_a = s.segments_mapped,
       "fds_fetched"_a = s.fds_fetched, "leases_reclaimed"_a = s.leases_reclaimed,
+      "segments_entrusted"_a = s.segments_entrusted, "custody_refusals"_a = s.custody_refusals,
+      "segments_from_custody"_a = s.segments_from_custody,
+      "leases_abandoned"_a = s.leases_abandoned, "bytes_returned"_a = s.bytes_returned,
       "cuda_tensors_zero_copy"_a = s.cuda_tensors_zero_copy,
       "cuda_bytes_zero_copy"_a = s.cuda_bytes_zero_copy,
       "cuda_handles_exported"_a = s.cuda_handles_exported,
@@ -57,7 +60,8 @@ py::dict arena_stats_dict() {
   const ArenaStats a = arena_stats();
   return py::dict("segments"_a = a.segments, "bytes_reserved"_a = a.bytes_reserved,
                   "bytes_in_use"_a = a.bytes_in_use, "blocks_in_use"_a = a.blocks_in_use,
-                  "leases_outstanding"_a = a.leases_outstanding);
+                  "leases_outstanding"_a = a.leases_outstanding,
+                  "bytes_returned"_a = a.bytes_returned);
 }
 
 py::dict pool_stats_dict(const PoolStats& s) {

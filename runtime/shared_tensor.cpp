@@ -84,15 +84,16 @@ bool is_shared(const at::Tensor& t) {
 
 ArenaStats arena_stats() {
   Arena& arena = Arena::local();
-  Ledger& ledger = arena.ledger();
-  ledger.reclaim(true);
+  Ledger* ledger = arena.existing_ledger();
+  if (ledger) ledger->reclaim(true);
   const Arena::Stats s = arena.stats();
   ArenaStats out;
   out.segments = s.segments;
   out.bytes_reserved = s.bytes_reserved;
   out.bytes_in_use = s.bytes_in_use;
   out.blocks_in_use = s.blocks_in_use;
-  out.leases_outstanding = ledger.outstanding();
+  out.leases_outstanding = ledger ? ledger->outstanding() : 0;
+  out.bytes_returned = s.bytes_returned;
   return out;
 }
 

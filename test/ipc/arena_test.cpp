@@ -2,15 +2,23 @@
 
 #include "../catch.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <thread>
 
+#include "../fill_filesystem.hpp"
 #include "../test_util.hpp"
 #include "ipc/channel.hpp"
 #include "ipc/error.hpp"
 #include "ipc/ledger.hpp"
 #include "ipc/process.hpp"
 #include "ipc/segment.hpp"
+#include "ipc/stats.hpp"
 
 using ferry::Arena;
 using ferry::Ledger;
@@ -75,6 +83,108 @@ TEST_CASE("a forked child never frees into its parent's arena", "[arena]") {
   REQUIRE(arena.stats().blocks_in_use == 1);
   arena.free(a);
   REQUIRE(arena.stats().blocks_in_use == 0);
+}
+
+namespace {
+
+// The bytes of a segment's file that hold memory now (what its pages cost the system).
+std::uint64_t resident_bytes(const ferry::Segment& segment) {
+  struct stat st {};
+  REQUIRE(::fstat(segment.fd(), &st) == 0);
+  return std::uint64_t(st.st_blocks) * 512;
+}
+
+}  // namespace
+
+TEST_CASE("free pages go back to the system once idle, and are reserved again before reuse",
+          "[arena][idle]") {
+  Arena::Options o = small_arena();
+  o.idle = std::chrono::milliseconds(50);
+  Arena arena(o);
+  auto a = arena.allocate(1 << 20);
+  auto b = arena.allocate(1 << 20);
+  std::memset(a.data, 0x5a, a.size);
+  std::memset(b.data, 0x6b, b.size);
+  const auto segment = arena.segment(a.segment_seq);
+  REQUIRE(resident_bytes(*segment) == 4u << 20);  // reserved whole at creation
+  arena.free(a);
+  const auto start = ferry::Clock::now();
+  // Not idle long enough yet: nothing goes, and the answer says when it will.
+  const auto due = arena.trim(start);
+  REQUIRE(due.has_value());
+  REQUIRE(*due <= start + std::chrono::milliseconds(50));
+  REQUIRE(arena.stats().bytes_returned == 0);
+  // Idle long enough: a's pages and the untouched rest go; b, in use, stays.
+  REQUIRE_FALSE(arena.trim(start + std::chrono::seconds(1)).has_value());
+  const std::uint64_t returned = arena.stats().bytes_returned;
+  REQUIRE(returned == 3u << 20);
+  REQUIRE(resident_bytes(*segment) == (4u << 20) - returned);
+  REQUIRE(ferry::transport_stats().bytes_returned >= returned);
+  for (std::size_t i = 0; i < b.size; i += 4096) REQUIRE(b.data[i] == std::byte{0x6b});
+  // Reused: reserved again first, so the block's pages are memory the system holds for it.
+  auto c = arena.allocate(1 << 20);
+  REQUIRE(arena.stats().bytes_returned == returned - c.size);
+  REQUIRE(resident_bytes(*segment) == (4u << 20) - returned + c.size);
+  std::memset(c.data, 0x7c, c.size);
+  REQUIRE(c.data[c.size - 1] == std::byte{0x7c});
+}
+
+TEST_CASE("a freed range is kept while it lies idle for less than the bound", "[arena][idle]") {
+  Arena::Options o = small_arena();
+  o.idle = std::chrono::hours(1);
+  Arena arena(o);
+  auto a = arena.allocate(4096);
+  arena.free(a);
+  const auto now = ferry::Clock::now();
+  const auto due = arena.trim(now);
+  REQUIRE(due.has_value());
+  REQUIRE(*due > now + std::chrono::minutes(59));
+  REQUIRE(arena.stats().bytes_returned == 0);
+}
+
+TEST_CASE("this process's arena gives idle pages back on its own, with no call into ferry",
+          "[arena][idle]") {
+  ferry::test::in_child([] {
+    ::setenv("FERRY_ARENA_IDLE_MS", "100", 1);
+    Arena& arena = Arena::local();
+    auto a = arena.allocate(8 << 20);
+    std::memset(a.data, 1, a.size);
+    arena.free(a);
+    const auto deadline = ferry::Clock::now() + std::chrono::seconds(10);
+    while (arena.stats().bytes_returned < (8u << 20) && ferry::Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (arena.stats().bytes_returned < (8u << 20)) throw std::runtime_error("nothing went back");
+  });
+}
+
+TEST_CASE("a block over given-back pages that no longer fit is an error naming the sizes",
+          "[arena][idle]") {
+  ferry::test::in_child([] {
+    const std::string dir = ferry::test::private_tmpfs(8 << 20);
+    Arena::Options o = small_arena();
+    o.idle = std::chrono::milliseconds(0);
+    o.dir = dir;
+    Arena arena(o);
+    auto a = arena.allocate(2 << 20);
+    arena.free(a);
+    arena.trim(ferry::Clock::now() + std::chrono::seconds(1));
+    if (arena.stats().bytes_returned != 4u << 20) throw std::runtime_error("not given back");
+    const std::string filler = ferry::test::fill_filesystem(dir);
+    try {
+      arena.allocate(2 << 20);
+      throw std::runtime_error("no error");
+    } catch (const ferry::Error& e) {
+      const std::string what = e.what();
+      if (e.code() != ferry::Errc::shm_exhausted || what.find("--shm-size") == std::string::npos) {
+        throw std::runtime_error("wrong error: " + what);
+      }
+    }
+    ::unlink(filler.c_str());
+    // Room again: the same block is handed out, reserved.
+    auto b = arena.allocate(2 << 20);
+    std::memset(b.data, 2, b.size);
+  });
 }
 
 TEST_CASE("a lease lives from send to release, then frees its block", "[ledger]") {
