@@ -7,12 +7,18 @@
 //                                     by another file mid-stream; the sender must get
 //                                     Errc::shm_exhausted naming the sizes and the remedy, never
 //                                     SIGBUS, and the receiver every message sent before it
+//   queue_soak chaos --messages N     producers and consumers on shared queues, any of them
+//                                     SIGKILLed at random (and replaced) --kills times; every
+//                                     message sent and not taken by a consumer that died is
+//                                     received exactly once, and nothing is left behind
 //
 // Prints one JSON document of outcome counts on stdout; exits 0 when every outcome is a pass.
 // Every wait is bounded: a process that outlives its deadline is killed and counted as a hang.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -34,7 +41,9 @@
 
 #include "../fill_filesystem.hpp"
 #include "ipc/error.hpp"
+#include "ipc/stats.hpp"
 #include "message_pattern.hpp"
+#include "runtime/receive_witness.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
 
@@ -448,6 +457,374 @@ int run_fill(const FillOptions& o) {
   return failures == 0 ? 0 : 1;
 }
 
+
+// ---- chaos ---------------------------------------------------------------------------------
+
+struct ChaosOptions {
+  std::int64_t messages = 100000;
+  int kills = 500;
+  int producers = 4;
+  int consumers = 3;
+  int queues = 2;
+  int kill_every_ms = 10;
+  // Chance that a producer kills itself the instant a send returned, and that a consumer does
+  // inside its pop (before the message leaves the queue), per message: the worst moments.
+  double self_kill = 0.002;
+  std::uint64_t seed = 1;
+  int timeout_ms = 30000;
+};
+
+// What every process of the run writes and the harness reads, in one shared mapping made before
+// the first fork: per message, whether its send returned and how often it was received; per
+// consumer (each one started, a fresh index), the message it is taking now.
+struct Board {
+  std::atomic<std::int64_t> next_id;
+  std::atomic<int> stop;     // producers send no more
+  std::atomic<int> drained;  // every queue is closed and empty: producers check and leave
+  std::atomic<std::int64_t> corrupt;
+  std::atomic<std::int64_t> errors;
+  std::atomic<std::int64_t> fds_left;  // producers: fds still open that they should have closed
+  std::atomic<std::int64_t> leaks;     // producers: blocks or leases that never came back
+  std::int64_t limit;                  // ids < limit
+  std::int32_t max_consumers;
+  std::atomic<std::uint8_t>* sent;
+  std::atomic<std::uint32_t>* received;
+  std::atomic<std::int64_t>* in_hand;  // consumer -> id + 1 of the message in its pop; 0 none
+};
+
+Board* g_board = nullptr;
+int g_consumer = -1;  // this consumer's index
+double g_self_kill = 0;
+std::mt19937_64 g_rng;
+
+template <typename T>
+T* shared_array(std::size_t n) {
+  void* p = ::mmap(nullptr, sizeof(T) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("mmap of the board failed");
+  return static_cast<T*>(p);
+}
+
+int open_fd_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n - 1;  // the directory's own
+}
+
+// Inside the pop, before the message leaves the queue: which one this consumer is taking. Its
+// header travels inside its first record.
+void note_in_hand(const ferry::wire::Record* records, std::uint32_t count) noexcept {
+  if (count == 0 || !(records[0].flags & ferry::wire::kFlagInline)) return;
+  std::int64_t id;
+  std::memcpy(&id, ferry::wire::inline_bytes(records[0]), sizeof id);
+  g_board->in_hand[g_consumer].store(id + 1);
+  if (std::uniform_real_distribution<double>(0, 1)(g_rng) < g_self_kill) ::raise(SIGKILL);
+}
+
+int chaos_producer(std::vector<TensorQueue> queues, std::uint64_t seed, const ChaosOptions& o) {
+  Board& b = *g_board;
+  std::mt19937_64 rng(seed);
+  const Ms timeout(o.timeout_ms);
+  // Each message is a header inside its record and one or two tensors: in the arena (zero-copy)
+  // or copied on send, up to 64 KiB, so the custody holds blocks of both kinds.
+  const ferry::soak::MessageShape shape{2, 1 << 16};
+  for (;;) {
+    if (b.stop.load()) break;
+    const std::int64_t id = b.next_id.fetch_add(1);
+    if (id >= b.limit) break;
+    TensorQueue& q = queues[std::size_t(id) % queues.size()];
+    try {
+      q.send(ferry::soak::make_message(id, rng, shape), timeout);
+    } catch (const ferry::Error& e) {
+      if (e.code() == Errc::closed) break;
+      std::fprintf(stderr, "queue_soak chaos: producer %d: %s\n", int(::getpid()), e.what());
+      b.errors.fetch_add(1);
+      return code_of(e);
+    }
+    b.sent[id].store(1);
+    if (std::uniform_real_distribution<double>(0, 1)(rng) < o.self_kill) ::raise(SIGKILL);
+  }
+  // Until every queue is empty and closed: what it sent is all taken by then.
+  const auto deadline = Clock::now() + 4 * timeout;
+  while (!b.drained.load() && Clock::now() < deadline) std::this_thread::sleep_for(Ms(5));
+  if (!b.drained.load()) return kHang;
+  // Once its queues are dropped it holds its arena, ledger and server, and nothing it held for
+  // the consumers (a dead one's pidfd goes with it): each queue's ring and socket close here.
+  const int expected = open_fd_count() - 2 * int(queues.size());
+  queues.clear();
+  if (!blocks_come_back(timeout)) {
+    b.leaks.fetch_add(1);
+    return kLeak;
+  }
+  const auto until = Clock::now() + Ms(2000);
+  int now = open_fd_count();
+  while (now > expected && Clock::now() < until) {
+    std::this_thread::sleep_for(Ms(10));
+    now = open_fd_count();
+  }
+  if (now > expected) {
+    std::fprintf(stderr, "queue_soak chaos: producer %d: %d fds open, %d expected\n",
+                 int(::getpid()), now, expected);
+
+    b.fds_left.fetch_add(now - expected);
+    return kLeak;
+  }
+  return kPass;
+}
+
+int chaos_consumer(std::vector<TensorQueue> queues, int index, std::uint64_t seed,
+                   const ChaosOptions& o) {
+  Board& b = *g_board;
+  g_consumer = index;
+  g_self_kill = o.self_kill;
+  g_rng.seed(seed);
+  ferry::detail::set_receive_witness(&note_in_hand);
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  // Some of what it receives it holds a while, so that a kill often finds it holding views.
+  std::deque<Tensors> held;
+  const std::size_t hold = rng() % 17;
+  std::size_t open = queues.size();
+  std::vector<bool> done(queues.size(), false);
+  for (std::size_t turn = 0; open > 0; ++turn) {
+    const std::size_t k = (std::size_t(index) + turn) % queues.size();
+    if (done[k]) continue;
+    Tensors m;
+    try {
+      m = queues[k].recv(Ms(20));
+    } catch (const ferry::Error& e) {
+      if (e.code() == Errc::timeout) continue;
+      if (e.code() == Errc::closed) {
+        done[k] = true;
+        --open;
+        continue;
+      }
+      std::fprintf(stderr, "queue_soak chaos: consumer %d: %s\n", int(::getpid()), e.what());
+      b.errors.fetch_add(1);
+      b.in_hand[index].store(0);
+      continue;
+    }
+    const std::int64_t id = m.empty() || m[0].numel() < 1 ? -1 : m[0][0].item<std::int64_t>();
+    if (id < 0 || id >= b.limit) {
+      b.corrupt.fetch_add(1);
+    } else {
+      if (const std::string bad = ferry::soak::check_message(m, id); !bad.empty()) {
+        std::fprintf(stderr, "queue_soak chaos: consumer %d: %s\n", int(::getpid()), bad.c_str());
+        b.corrupt.fetch_add(1);
+      }
+      b.received[id].fetch_add(1);
+    }
+    b.in_hand[index].store(0);
+    held.push_back(std::move(m));
+    if (held.size() > hold) held.pop_front();
+  }
+  return kPass;
+}
+
+int run_chaos(const ChaosOptions& o) {
+  const Ms timeout(o.timeout_ms);
+  const int fds_before = open_fd_count();
+  Board* b = shared_array<Board>(1);
+  b->limit = o.messages;
+  // Every kill may be a consumer's, and so may each self-kill (about messages x self_kill).
+  b->max_consumers =
+      o.consumers + o.kills + int(double(o.messages) * o.self_kill * 4) + 64;
+  b->sent = shared_array<std::atomic<std::uint8_t>>(std::size_t(b->limit));
+  b->received = shared_array<std::atomic<std::uint32_t>>(std::size_t(b->limit));
+  b->in_hand = shared_array<std::atomic<std::int64_t>>(std::size_t(b->max_consumers));
+  g_board = b;
+  std::mt19937_64 rng(o.seed);
+  std::vector<TensorQueue> queues;
+  for (int i = 0; i < o.queues; ++i) {
+    queues.push_back(TensorQueue::create({std::array<std::uint32_t, 3>{16, 64, 256}[rng() % 3]}));
+    // The harness may push and pop (it never does): consumers wait for the producers it starts
+    // instead of taking an instant with none alive for their end.
+    queues.back().hold();
+  }
+  struct Child {
+    bool producer;
+    int consumer;  // its index among consumers started, or -1
+  };
+  std::map<pid_t, Child> live;
+  int consumers_started = 0;
+  const auto start = [&](bool producer) {
+    const std::uint64_t seed = rng();
+    // A child takes the queues it inherited out of the harness's vector, so that its own are
+    // the only handles it has and dropping them closes their fds.
+    if (producer) {
+      live[fork_child([&] { return chaos_producer(std::move(queues), seed, o); })] = {true, -1};
+    } else if (consumers_started < b->max_consumers) {
+      const int index = consumers_started++;
+      live[fork_child([&] { return chaos_consumer(std::move(queues), index, seed, o); })] = {
+          false, index};
+    }
+  };
+  for (int i = 0; i < o.producers; ++i) start(true);
+  for (int i = 0; i < o.consumers; ++i) start(false);
+  std::vector<int> dead_consumers;
+  std::map<std::string, int> kills;  // producer, consumer, producer_self, consumer_self
+  std::map<std::string, int> exits;  // how the others ended
+  int kills_total = 0;  // the harness's
+  int self_kills = 0;
+  const auto t0 = Clock::now();
+  const auto give_up = t0 + std::chrono::seconds(3600);
+  // Reaps whatever ended; a SIGKILL it gave itself is a kill too, replaced while the run goes on.
+  const auto reap = [&](bool replace) {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      const auto it = live.find(pid);
+      if (it == live.end()) continue;
+      const Child c = it->second;
+      live.erase(it);
+      if (c.consumer >= 0 && WIFSIGNALED(status)) dead_consumers.push_back(c.consumer);
+      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+        ++kills[std::string(c.producer ? "producer" : "consumer") + "_self"];
+        ++self_kills;
+      } else {
+        ++exits[std::string(c.producer ? "producer:" : "consumer:") + outcome_name(status)];
+      }
+      if (replace) start(c.producer);
+    }
+  };
+  // The kills are spread over the run: kill i comes once i / kills of the messages are handed
+  // out, at least kill_every_ms after the last, at a random instant within that pace.
+  auto next_kill = Clock::now();
+  while (Clock::now() < give_up &&
+         (kills_total < o.kills || b->next_id.load() < b->limit)) {
+    reap(true);
+    const std::int64_t due = std::int64_t(kills_total) * b->limit / std::max(1, o.kills);
+    if (kills_total < o.kills && b->next_id.load() >= due && Clock::now() >= next_kill &&
+        !live.empty()) {
+      auto it = live.begin();
+      std::advance(it, std::ptrdiff_t(rng() % live.size()));
+      const pid_t victim = it->first;
+      const Child c = it->second;
+      ::kill(victim, SIGKILL);
+      int status = 0;
+      ::waitpid(victim, &status, 0);
+      live.erase(victim);
+      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+        ++kills[c.producer ? "producer" : "consumer"];
+        ++kills_total;
+      } else {
+        ++exits[std::string(c.producer ? "producer:" : "consumer:") + outcome_name(status)];
+      }
+      if (c.consumer >= 0) dead_consumers.push_back(c.consumer);
+      start(c.producer);
+      next_kill = Clock::now() + Ms(o.kill_every_ms) +
+                  std::chrono::microseconds(rng() % (std::uint64_t(o.kill_every_ms) * 1000 + 1));
+    }
+    std::this_thread::sleep_for(Ms(1));
+  }
+  b->stop.store(1);
+  // Drain: the consumers take everything; a producer inside a send when told to stop finishes it
+  // (or is refused once the queues close). Empty for half a second: nothing more is coming.
+  const auto drain_by = Clock::now() + 4 * timeout;
+  auto empty_since = Clock::now();
+  while (Clock::now() < drain_by) {
+    reap(true);
+    bool empty = true;
+    for (auto& q : queues) empty = empty && q.messages() == 0;
+    if (!empty) empty_since = Clock::now();
+    if (Clock::now() - empty_since > Ms(500)) break;
+    std::this_thread::sleep_for(Ms(5));
+  }
+  const double run_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (auto& q : queues) q.close();
+  // Consumers leave on the closed, empty queues; then producers check and leave.
+  const auto consumers_by = Clock::now() + timeout;
+  for (;;) {
+    reap(false);
+    bool any = false;
+    for (const auto& [pid, c] : live) any = any || !c.producer;
+    if (!any || Clock::now() > consumers_by) break;
+    std::this_thread::sleep_for(Ms(5));
+  }
+  b->drained.store(1);
+  const auto all_by = Clock::now() + 2 * timeout;
+  while (!live.empty() && Clock::now() < all_by) {
+    reap(false);
+    std::this_thread::sleep_for(Ms(5));
+  }
+  int hung = 0;
+  for (const auto& [pid, c] : live) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ++hung;
+  }
+  queues.clear();
+  // The harness never sent: once its queues are dropped, it holds what it held before.
+  int fds_after = open_fd_count();
+  for (int i = 0; i < 200 && fds_after > fds_before; ++i) {
+    std::this_thread::sleep_for(Ms(10));
+    fds_after = open_fd_count();
+  }
+  // The books.
+  std::int64_t sent = 0, received = 0, duplicated = 0, unnoted = 0, lost = 0, taken_by_dead = 0;
+  std::vector<std::int64_t> lost_ids;
+  std::vector<bool> dead_holds(std::size_t(b->limit), false);
+  for (int c : dead_consumers) {
+    const std::int64_t v = b->in_hand[c].load();
+    if (v > 0 && v - 1 < b->limit) dead_holds[std::size_t(v - 1)] = true;
+  }
+  for (std::int64_t id = 0; id < b->limit; ++id) {
+    const bool s = b->sent[id].load() != 0;
+    const std::uint32_t r = b->received[id].load();
+    sent += s;
+    received += r >= 1;
+    duplicated += r >= 2;
+    if (!s && r >= 1) ++unnoted;  // delivered; its producer died before noting the send
+    if (s && r == 0) {
+      if (dead_holds[std::size_t(id)]) {
+        ++taken_by_dead;
+      } else {
+        ++lost;
+        if (lost_ids.size() < 10) lost_ids.push_back(id);
+      }
+    }
+  }
+  const std::int64_t producer_leaks = b->leaks.load(), fds_left_producers = b->fds_left.load();
+  const int fds_left_harness = std::max(0, fds_after - fds_before);
+  int bad_exits = 0;
+  for (const auto& [how, n] : exits) {
+    if (how.size() < 5 || how.compare(how.size() - 5, 5, ":pass") != 0) bad_exits += n;
+  }
+  const bool passed = lost == 0 && duplicated == 0 && b->corrupt.load() == 0 &&
+                      b->errors.load() == 0 && hung == 0 && bad_exits == 0 &&
+                      producer_leaks == 0 && fds_left_producers == 0 && fds_left_harness == 0 &&
+                      kills_total >= o.kills;
+  const nlohmann::json j = {{"messages", o.messages},
+                            {"producers", o.producers},
+                            {"consumers", o.consumers},
+                            {"queues", o.queues},
+                            {"seed", o.seed},
+                            {"kills", kills_total},
+                            {"self_kills", self_kills},
+                            {"kills_by_kind", kills},
+                            {"other_exits", exits},
+                            {"sent", sent},
+                            {"received", received},
+                            {"delivered_unnoted", unnoted},
+                            {"taken_by_dead_consumers", taken_by_dead},
+                            {"lost", lost},
+                            {"lost_ids", lost_ids},
+                            {"duplicated", duplicated},
+                            {"corrupt", b->corrupt.load()},
+                            {"errors", b->errors.load()},
+                            {"hung", hung},
+                            {"producer_leaks", producer_leaks},
+                            {"fds_left_producers", fds_left_producers},
+                            {"fds_left_harness", fds_left_harness},
+                            {"seconds", run_seconds},
+                            {"passed", passed}};
+  std::printf("%s\n", j.dump().c_str());
+  return passed ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -466,8 +843,22 @@ int main(int argc, char** argv) {
   fill->add_option("--rounds", f.rounds, "streams to start and starve");
   fill->add_option("--seed", f.seed, "makes a run repeatable (up to the scheduler)");
   fill->add_option("--timeout-ms", f.timeout_ms, "every wait's bound");
+  ChaosOptions c;
+  auto* chaos = app.add_subcommand("chaos", "producers and consumers SIGKILLed at random");
+  chaos->add_option("--messages", c.messages, "messages sent in all");
+  chaos->add_option("--kills", c.kills, "SIGKILLs the harness lands (self-kills come on top)");
+  chaos->add_option("--producers", c.producers, "producers alive at once");
+  chaos->add_option("--consumers", c.consumers, "consumers alive at once");
+  chaos->add_option("--queues", c.queues, "queues they share");
+  chaos->add_option("--kill-every-ms", c.kill_every_ms, "the pace of the kills");
+  chaos->add_option("--self-kill", c.self_kill,
+                    "chance per message that a producer dies right after its send, a consumer "
+                    "inside its pop");
+  chaos->add_option("--seed", c.seed, "makes a run repeatable (up to the scheduler)");
+  chaos->add_option("--timeout-ms", c.timeout_ms, "every wait's bound");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (chaos->parsed()) return run_chaos(c);
     return kills->parsed() ? run_kills(k) : run_fill(f);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "queue_soak: %s\n", e.what());

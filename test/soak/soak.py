@@ -6,6 +6,8 @@
   3. queue_kills       TensorQueue pairs, the sender or the receiver SIGKILLed at random
   4. shm_full          the shm filesystem filled by another file mid-stream and mid-run
   5. wire_fuzz         the wire decoder's libFuzzer target
+  6. queue_chaos       producers and consumers on shared queues, any of them SIGKILLed at
+                       random: every message sent arrives exactly once, nothing is left behind
 
 It runs as root, in a private mount namespace with its own tmpfs at /dev/shm, so what ferry
 leaves there is measured exactly and a runaway is capped; it becomes a child subreaper, so a
@@ -30,13 +32,15 @@ import traceback
 sys.dont_write_bytecode = True  # nothing written next to the sources
 import figures  # noqa: E402  (after the line above)
 import procs
+import queue_chaos
 import queue_kills
 import run_kills
 import shm_full
 import supervisor_kills
 import wire_fuzz
 
-SCENARIOS = ["run_kills", "supervisor_kills", "queue_kills", "shm_full", "wire_fuzz"]
+SCENARIOS = ["run_kills", "supervisor_kills", "queue_kills", "shm_full", "wire_fuzz",
+             "queue_chaos"]
 
 # (option, full value, --short value, help)
 PARAMS = [
@@ -67,6 +71,15 @@ PARAMS = [
     ("shm_full_run_batches", 3000, 600, "shm_full: batches of the ferry run that is starved "
                                          "(0: no run)"),
     ("fuzz_seconds", 600, 0, "wire_fuzz: how long (0: skip the scenario)"),
+    ("chaos_messages", 100000, 20000, "queue_chaos: messages sent in all"),
+    ("chaos_kills", 500, 100, "queue_chaos: SIGKILLs the harness lands (self-kills on top)"),
+    ("chaos_producers", 4, 4, "queue_chaos: producers alive at once"),
+    ("chaos_consumers", 3, 3, "queue_chaos: consumers alive at once"),
+    ("chaos_queues", 2, 2, "queue_chaos: queues they share"),
+    ("chaos_kill_every_ms", 10, 10, "queue_chaos: the kills' least spacing"),
+    ("chaos_self_kill", 0.002, 0.002, "queue_chaos: chance per message that a producer dies "
+                                      "right after its send, a consumer inside its pop"),
+    ("chaos_timeout_ms", 30000, 30000, "queue_chaos: every wait's bound"),
     ("seed", 1, 1, "every random choice derives from it"),
 ]
 
@@ -139,6 +152,11 @@ def scenario_params(a):
                      "run_timeout_s": a.run_timeout_s,
                      "seed": a.seed},
         "wire_fuzz": {"seconds": a.fuzz_seconds, "seed": a.seed},
+        "queue_chaos": {"messages": a.chaos_messages, "kills": a.chaos_kills,
+                        "producers": a.chaos_producers, "consumers": a.chaos_consumers,
+                        "queues": a.chaos_queues, "kill_every_ms": a.chaos_kill_every_ms,
+                        "self_kill": a.chaos_self_kill, "timeout_ms": a.chaos_timeout_ms,
+                        "seed": a.seed},
     }
 
 
@@ -190,7 +208,8 @@ def main(argv):
     params = scenario_params(args)
     revision = commit()  # now: the code that runs, not what the tree holds by the end
     modules = {"run_kills": run_kills, "supervisor_kills": supervisor_kills,
-               "queue_kills": queue_kills, "shm_full": shm_full, "wire_fuzz": wire_fuzz}
+               "queue_kills": queue_kills, "shm_full": shm_full, "wire_fuzz": wire_fuzz,
+               "queue_chaos": queue_chaos}
     results = []
     for name in args.only.split(","):
         if name == "wire_fuzz" and args.fuzz_seconds <= 0:
