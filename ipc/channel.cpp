@@ -173,7 +173,7 @@ std::uint64_t Channel::push(const void* records, std::uint32_t count,
     }
     if (pushed) {
       ring::wake(&h->not_empty_seq, &h->empty_waiters, &h->not_empty_woken_ns);
-      sweep_custody();
+      if (ring::now_and_then()) sweep_custody();
       return seq;
     }
     // Before the deadline: a wait that slept and runs out now still reports a death it sees.
@@ -242,7 +242,7 @@ std::uint32_t Channel::pop(std::vector<std::byte>& out, std::chrono::millisecond
     }
     if (popped != 0) {
       ring::wake(&h->not_full_seq, &h->full_waiters, &h->not_full_woken_ns, popped);
-      sweep_custody();
+      if (ring::now_and_then()) sweep_custody();
       return popped;
     }
     if (peer_check.due()) {

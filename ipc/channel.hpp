@@ -123,14 +123,16 @@ class Channel {
   using FdOf = std::function<int(std::uint32_t segment)>;
   bool entrust(std::uint64_t owner_token, const std::uint32_t* segments, std::size_t count,
                const FdOf& fd_of, std::chrono::milliseconds timeout);
-  // Whether this process's `segment` is in the custody (what a normal exit need not wait for).
+  // Whether this process's `segment` is in the custody (what a normal exit need not wait for),
+  // and whether all of `segments` are (what a send asks before it calls entrust()).
   bool entrusted(std::uint32_t segment) const noexcept;
+  bool entrusted(const std::uint32_t* segments, std::size_t count) const noexcept;
   // From inside a pop's claim only (it needs the ring lock): a new fd of `owner_token`'s
   // `segment` if the custody holds it, else an empty one. It also sweeps.
   UniqueFd from_custody(std::uint64_t owner_token, std::uint32_t segment);
-  // Sweeps the custody now if a sweep is due (push, pop and their waits call it): checks the
-  // owners' lives and drops the deposits no one can need (deposit_fate()). `force`: even if
-  // one is not due.
+  // Sweeps the custody now if a sweep is due: checks the owners' lives and drops the deposits
+  // no one can need (deposit_fate()). `force`: even if one is not due. A push or pop asks on
+  // every 64th call of its thread (a clock read is the cost), a wait on every slice.
   void sweep_custody(bool force = false);
   // The custody socket, to pass to a spawned process with fd(); -1 when this process has none.
   int custody_fd() const noexcept;

@@ -60,12 +60,16 @@ bool Channel::entrusted(std::uint32_t segment) const noexcept {
   return (entrusted_bits_[segment / 64].load(std::memory_order_acquire) & bit) != 0;
 }
 
+bool Channel::entrusted(const std::uint32_t* segments, std::size_t count) const noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!entrusted(segments[i])) return false;
+  }
+  return true;
+}
+
 bool Channel::entrust(std::uint64_t owner_token, const std::uint32_t* segments, std::size_t count,
                       const FdOf& fd_of, std::chrono::milliseconds timeout) {
-  // The common case, every send after the first: a load per segment.
-  bool all = true;
-  for (std::size_t i = 0; i < count && all; ++i) all = entrusted(segments[i]);
-  if (all) return true;
+  if (entrusted(segments, count)) return true;
   if (!custody_) return false;
   if (entrust_retry_ns_.load(std::memory_order_relaxed) > now_ns() &&
       entrusted_pid_.load(std::memory_order_relaxed) == current_pid()) {
@@ -124,8 +128,7 @@ bool Channel::entrust(std::uint64_t owner_token, const std::uint32_t* segments, 
     std::int64_t due = ring::kNoSweep;
     h->custody_sweep_ns.compare_exchange_strong(due, now_ns() + kSweepNs);
     for (std::uint32_t seg : missing) {
-      entrusted_bits_[seg / 64].fetch_or(std::uint64_t{1} << (seg % 64),
-                                         std::memory_order_release);
+      entrusted_bits_[seg / 64].fetch_or(std::uint64_t{1} << (seg % 64), std::memory_order_release);
     }
     detail::bump(detail::counters().segments_entrusted, missing.size());
     ferry::log().debug("channel custody: entrusted {} segment(s)", missing.size());
@@ -134,9 +137,7 @@ bool Channel::entrust(std::uint64_t owner_token, const std::uint32_t* segments, 
     ferry::log().debug("channel custody: {}", e.detail());
     return false;
   }
-  all = true;
-  for (std::size_t i = 0; i < count && all; ++i) all = entrusted(segments[i]);
-  return all;
+  return entrusted(segments, count);
 }
 
 void Channel::note_custody_owner_locked(pid_t pid) noexcept {

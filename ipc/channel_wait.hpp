@@ -48,6 +48,13 @@ void wait_for_change(std::atomic<std::uint32_t>* word, std::atomic<std::uint32_t
                      const std::atomic<std::int64_t>* woken_ns, std::uint32_t seen,
                      std::chrono::nanoseconds slice, SpinPolicy& spin) noexcept;
 
+// True on every 64th call on this thread: how often a push or pop looks whether something
+// periodic is due (a clock read), so that the common call pays a thread-local increment.
+inline bool now_and_then() noexcept {
+  static thread_local std::uint32_t calls = 0;
+  return (++calls & 63) == 0;
+}
+
 // Throttles the /proc reads of the peer-death check. The first check comes after the first
 // sleep, not before it: a waiter that a message wakes (the common case) never pays for one,
 // which at a few syscalls each dominated a round trip; a dead peer is noticed one slice later.

@@ -52,6 +52,37 @@ using detail::Claim;
 
 std::atomic<detail::ReceiveWitness> g_witness{nullptr};
 
+// The segments a message names, with the lease ledger (0) first, each once: a few inline, more
+// (a message of many tensors from many segments) on the heap.
+class SmallSegments {
+ public:
+  void add(std::uint32_t segment) {
+    if (n_ == 0) push(0);
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (at(i) == segment) return;
+    }
+    push(segment);
+  }
+  const std::uint32_t* data() const noexcept { return n_ <= kInline ? inline_ : more_.data(); }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  static constexpr std::size_t kInline = 8;
+  std::uint32_t at(std::size_t i) const noexcept { return data()[i]; }
+  void push(std::uint32_t segment) {
+    if (n_ < kInline) {
+      inline_[n_++] = segment;
+      return;
+    }
+    if (n_ == kInline) more_.assign(inline_, inline_ + kInline);
+    more_.push_back(segment);
+    ++n_;
+  }
+  std::uint32_t inline_[kInline] = {};
+  std::vector<std::uint32_t> more_;
+  std::size_t n_ = 0;
+};
+
 // Inside the pop, while the records are still in the ring: each record's transport claims its
 // lease and maps what it needs. A failure is noted in its Claim, reported after the pop.
 void claim_records(const std::byte* bytes, std::uint32_t count, Channel& channel,
@@ -207,8 +238,9 @@ SendReport TensorQueue::send_message(const Tensors& body,
   auto abandon = [&] {
     for (const auto& [l, lease] : leases) l->abandon(lease);
   };
-  // The segments of this process's arena the records name, and its lease ledger (0), once each.
-  std::vector<std::uint32_t> segments;
+  // The segments of this process's arena the records name, and its lease ledger (0), once each;
+  // a message names one or two, so they are kept without a heap allocation.
+  SmallSegments segments;
   const detail::SendContext ctx{arena, {receiver_pid_, receiver_device_}, options.detached};
   for (const detail::Transport* t : detail::all_transports()) t->before_send(ctx);
   SendReport report;  // body's tensors
@@ -219,10 +251,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
     const detail::Carrier carrier = detail::choose(facts);
     detail::Outgoing o = detail::transport(carrier).encode(t, i, ctx);
     if (o.ledger) leases.emplace_back(o.ledger, o.lease);
-    if (o.segment && std::find(segments.begin(), segments.end(), *o.segment) == segments.end()) {
-      if (segments.empty()) segments.push_back(0);
-      if (*o.segment != 0) segments.push_back(*o.segment);
-    }
+    if (o.segment) segments.add(*o.segment);
     wire::Record& r = records[i];
     r = o.record;
     r.msg_index = static_cast<std::uint16_t>(i);
@@ -240,7 +269,7 @@ SendReport TensorQueue::send_message(const Tensors& body,
     }
     for (std::size_t i = 0; i < body.size(); ++i) encode(body[i], first + i, report.tensors[i]);
     if (describe) encode((*describe)(report), 0, header);
-    if (!segments.empty()) {
+    if (segments.size() != 0 && !channel_->entrusted(segments.data(), segments.size())) {
       // Before the push: once the message is in the ring, this process may die at any instant,
       // and the custody must already hold what the message needs. A refusal is logged and
       // counted there; the message then lives as long as this process.
