@@ -111,7 +111,7 @@ class Arena {
   const Options options_;
   const pid_t pid_;
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<Segment>> segments_;             // index seq-1
+  std::vector<std::shared_ptr<Segment>> segments_;              // index seq-1
   std::vector<std::map<std::uint64_t, Range>> free_by_offset_;  // per segment
   // Per segment, the page ranges given back (offset -> end): always inside free ranges.
   std::vector<std::map<std::uint64_t, std::uint64_t>> returned_;

@@ -33,8 +33,7 @@ bool counterpart_gone(Waiting waiting, std::uint32_t self_roles,
 
 bool channel_abandoned(bool held_here, SocketHolders custody, bool other_participant_alive,
                        std::uint32_t announced) noexcept {
-  return !held_here && custody == SocketHolders::none && !other_participant_alive &&
-         announced == 0;
+  return !held_here && custody == SocketHolders::none && !other_participant_alive && announced == 0;
 }
 
 }  // namespace ferry

@@ -99,14 +99,15 @@ constexpr int kSweepMs = 1000;
 // Readers watched at most: beyond, a reader's death is noticed by the sweep (kSweepMs).
 constexpr std::size_t kMaxWatched = 1024;
 
-[[maybe_unused]] const int g_atfork = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
-                                                   [] {
-                                                     g_mu.unlock();
-                                                     // The child's server, when it has one,
-                                                     // starts with nothing pending.
-                                                     g_housekeeping_due.store(kNever);
-                                                     g_wake_fd.store(-1);
-                                                   });
+// A forked child's server, when it makes one, starts with nothing pending.
+void in_forked_child() {
+  g_mu.unlock();
+  g_housekeeping_due.store(kNever);
+  g_wake_fd.store(-1);
+}
+
+[[maybe_unused]] const int g_atfork =
+    pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, in_forked_child);
 
 struct Reader {
   pid_t pid;
@@ -190,7 +191,8 @@ void serve_forever(int listen_fd, int wake_fd, std::shared_ptr<std::promise<void
     }
     const std::int64_t due = g_housekeeping_due.load(std::memory_order_relaxed);
     if (due != kNever) {
-      const Clock::time_point at{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(due))};
+      const Clock::time_point at{
+          std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(due))};
       if (!until || at < *until) until = at;
     }
     int timeout = -1;

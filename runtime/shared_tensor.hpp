@@ -37,7 +37,7 @@ struct ArenaStats {
   std::uint64_t bytes_in_use = 0;    // bytes in live blocks (held here or leased to receivers)
   std::uint64_t blocks_in_use = 0;
   std::uint64_t leases_outstanding = 0;  // blocks' views held by (or queued for) receivers
-  std::uint64_t bytes_returned = 0;  // of bytes_reserved, pages given back to the system (idle)
+  std::uint64_t bytes_returned = 0;      // of bytes_reserved, pages given back to the system (idle)
 };
 
 // This process's arena, after taking back what receivers released or lost by dying. Asking

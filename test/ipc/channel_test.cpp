@@ -1015,7 +1015,9 @@ TEST_CASE(
     const std::uint32_t segments[] = {0, 3};
     if (!ch->entrust(kOwner, segments, 2, fd_of, 5s)) return 1;
     push_message(*ch, 1, 1);
-    if (!ch->entrust(kOwner, segments, 2, [](std::uint32_t) { return -1; }, 5s)) return 2;
+    if (!ch->entrust(
+            kOwner, segments, 2, [](std::uint32_t) { return -1; }, 5s))
+      return 2;
     push_message(*ch, 2, 2);
     ::raise(SIGKILL);  // the instant after the push: nothing runs at its exit
     return 3;
@@ -1084,14 +1086,17 @@ TEST_CASE(
   // A forked child entrusts its own segments, not its parent's.
   const pid_t child = children.spawn([&] {
     const std::uint32_t own[] = {0};
-    return !ch->entrusted(0) && ch->entrust(9, own, 1, [](std::uint32_t) { return 0; }, 5s) ? 0
-                                                                                              : 1;
+    return !ch->entrusted(0) && ch->entrust(
+                                    9, own, 1, [](std::uint32_t) { return 0; }, 5s)
+               ? 0
+               : 1;
   });
   children.expect_success(child);
 
   auto bare = Channel::attach(ferry::UniqueFd(::dup(ch->fd())));
   REQUIRE(bare->custody_fd() == -1);
-  REQUIRE_FALSE(bare->entrust(7, segments, 2, [](std::uint32_t) { return 0; }, 1s));
+  REQUIRE_FALSE(bare->entrust(
+      7, segments, 2, [](std::uint32_t) { return 0; }, 1s));
 
   auto with =
       Channel::attach(ferry::UniqueFd(::dup(ch->fd())), ferry::UniqueFd(::dup(ch->custody_fd())));

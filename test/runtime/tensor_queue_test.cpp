@@ -497,9 +497,10 @@ TEST_CASE("a message whose sender was SIGKILLed the instant send() returned is d
   }
 }
 
-TEST_CASE("a sender attached without the custody: a message it was killed before sending on is "
-          "reported, not jammed",
-          "[queue][custody]") {
+TEST_CASE(
+    "a sender attached without the custody: a message it was killed before sending on is "
+    "reported, not jammed",
+    "[queue][custody]") {
   auto q = TensorQueue::create({4});
   const pid_t child = ferry::test::fork_child([&] {
     // Closes the socket it inherited, then holds the queue by its ring alone.
@@ -706,9 +707,10 @@ TEST_CASE("exec'd peer: take some, hold them until killed", "[.exec_partial]") {
   for (;;) ::pause();
 }
 
-TEST_CASE("a consumer SIGKILLed with messages still queued: once the producer drops the queue, "
-          "nothing of it stays open, round after round",
-          "[lease][abandoned]") {
+TEST_CASE(
+    "a consumer SIGKILLed with messages still queued: once the producer drops the queue, "
+    "nothing of it stays open, round after round",
+    "[lease][abandoned]") {
   const bool spawned = GENERATE(false, true);
   INFO((spawned ? "spawned" : "forked") << " consumer");
   make_arena();  // the arena, its ledger and server exist before

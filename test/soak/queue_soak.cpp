@@ -457,7 +457,6 @@ int run_fill(const FillOptions& o) {
   return failures == 0 ? 0 : 1;
 }
 
-
 // ---- chaos ---------------------------------------------------------------------------------
 
 struct ChaosOptions {
@@ -499,8 +498,8 @@ std::mt19937_64 g_rng;
 
 template <typename T>
 T* shared_array(std::size_t n) {
-  void* p = ::mmap(nullptr, sizeof(T) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+  void* p =
+      ::mmap(nullptr, sizeof(T) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::runtime_error("mmap of the board failed");
   return static_cast<T*>(p);
 }
@@ -629,8 +628,7 @@ int run_chaos(const ChaosOptions& o) {
   Board* b = shared_array<Board>(1);
   b->limit = o.messages;
   // Every kill may be a consumer's, and so may each self-kill (about messages x self_kill).
-  b->max_consumers =
-      o.consumers + o.kills + int(double(o.messages) * o.self_kill * 4) + 64;
+  b->max_consumers = o.consumers + o.kills + int(double(o.messages) * o.self_kill * 4) + 64;
   b->sent = shared_array<std::atomic<std::uint8_t>>(std::size_t(b->limit));
   b->received = shared_array<std::atomic<std::uint32_t>>(std::size_t(b->limit));
   b->in_hand = shared_array<std::atomic<std::int64_t>>(std::size_t(b->max_consumers));
@@ -657,8 +655,8 @@ int run_chaos(const ChaosOptions& o) {
       live[fork_child([&] { return chaos_producer(std::move(queues), seed, o); })] = {true, -1};
     } else if (consumers_started < b->max_consumers) {
       const int index = consumers_started++;
-      live[fork_child([&] { return chaos_consumer(std::move(queues), index, seed, o); })] = {
-          false, index};
+      live[fork_child([&] { return chaos_consumer(std::move(queues), index, seed, o); })] = {false,
+                                                                                             index};
     }
   };
   for (int i = 0; i < o.producers; ++i) start(true);
@@ -666,7 +664,7 @@ int run_chaos(const ChaosOptions& o) {
   std::vector<int> dead_consumers;
   std::map<std::string, int> kills;  // producer, consumer, producer_self, consumer_self
   std::map<std::string, int> exits;  // how the others ended
-  int kills_total = 0;  // the harness's
+  int kills_total = 0;               // the harness's
   int self_kills = 0;
   const auto t0 = Clock::now();
   const auto give_up = t0 + std::chrono::seconds(3600);
@@ -693,8 +691,7 @@ int run_chaos(const ChaosOptions& o) {
   // The kills are spread over the run: kill i comes once i / kills of the messages are handed
   // out, at least kill_every_ms after the last, at a random instant within that pace.
   auto next_kill = Clock::now();
-  while (Clock::now() < give_up &&
-         (kills_total < o.kills || b->next_id.load() < b->limit)) {
+  while (Clock::now() < give_up && (kills_total < o.kills || b->next_id.load() < b->limit)) {
     reap(true);
     const std::int64_t due = std::int64_t(kills_total) * b->limit / std::max(1, o.kills);
     if (kills_total < o.kills && b->next_id.load() >= due && Clock::now() >= next_kill &&
@@ -794,9 +791,8 @@ int run_chaos(const ChaosOptions& o) {
     if (how.size() < 5 || how.compare(how.size() - 5, 5, ":pass") != 0) bad_exits += n;
   }
   const bool passed = lost == 0 && duplicated == 0 && b->corrupt.load() == 0 &&
-                      b->errors.load() == 0 && hung == 0 && bad_exits == 0 &&
-                      producer_leaks == 0 && fds_left_producers == 0 && fds_left_harness == 0 &&
-                      kills_total >= o.kills;
+                      b->errors.load() == 0 && hung == 0 && bad_exits == 0 && producer_leaks == 0 &&
+                      fds_left_producers == 0 && fds_left_harness == 0 && kills_total >= o.kills;
   const nlohmann::json j = {{"messages", o.messages},
                             {"producers", o.producers},
                             {"consumers", o.consumers},

@@ -13,8 +13,8 @@ ExitWait wait_for_uncovered() {
   std::vector<Ledger::Lease> waiting;
   for (const Ledger::Unclaimed& u : ledger->unclaimed_leases()) {
     // A lease with no queue yet is still being pushed by another thread.
-    const bool covered = u.channel && u.segment != Ledger::kNoSegment &&
-                         u.channel->entrusted(0) && u.channel->entrusted(u.segment);
+    const bool covered = u.channel && u.segment != Ledger::kNoSegment && u.channel->entrusted(0) &&
+                         u.channel->entrusted(u.segment);
     if (!covered) waiting.push_back(u.lease);
   }
   return [ledger, waiting = std::move(waiting)] {
