@@ -494,6 +494,46 @@ def test_a_producer_that_dies_before_its_first_put_ends_the_get(tmp_path):
     assert out == "PeerDead True True\nPeerDead True True\n", out + err
 
 
+# -- 7. a message outlives its sender --------------------------------------------------------------
+
+def test_tensors_put_by_a_child_killed_next_arrive_where_torch_loses_them(tmp_path):
+    """A child puts tensors and a list, lets the queue's feeder thread (torch's) flush, and is
+    SIGKILLed. torch delivers the list but not the tensors, whose storage it fetches from the
+    dead child; ferry delivers both, as the list."""
+    runs = both(tmp_path, """
+        import signal
+        import torch
+
+        def produce(q):
+            for i in range(3):
+                q.put(torch.full((4,), float(i)))
+            q.put([9.0])
+            time.sleep(1)  # torch's feeder thread writes what was put
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=produce, args=(q,))
+            p.start()
+            p.join()
+            print("exit", p.exitcode)
+            for _ in range(4):
+                try:
+                    x = q.get(timeout=10)
+                    print(x.tolist() if isinstance(x, torch.Tensor) else x)
+                except Exception as e:
+                    print("lost:", type(e).__name__)
+        """, timeout=120)
+    code, out, err = runs["torch"]
+    assert code == 0, err
+    assert out.startswith("exit -9\nlost:") and out.rstrip().endswith("[9.0]"), out + err
+    code, out, err = runs["ferry"]
+    assert code == 0, err
+    assert out == ("exit -9\n[0.0, 0.0, 0.0, 0.0]\n[1.0, 1.0, 1.0, 1.0]\n[2.0, 2.0, 2.0, 2.0]\n"
+                   "[9.0]\n"), out + err
+
+
 # -- 8. the names a torch.multiprocessing script reaches for --------------------------------------
 
 def test_import_ferry_as_mp_runs_a_torch_multiprocessing_script(tmp_path):
