@@ -9,7 +9,9 @@
 #   build      .kit/device-check.sh build: LibTorch from the machine's PyTorch, CUDA on
 #   sync       ferry-cuda-sync-bench: each CUDA call of each way of ordering, the round trips
 #              with their ordering check, a dead sender's pending writes
-#   gpu        the GPU tests (not the benchmarks') under FERRY_CUDA_SYNC=auto, memop, event, stream
+#   gpu        the GPU tests (not the benchmarks') under FERRY_CUDA_SYNC=auto, memop, event, stream;
+#              among them what a receiver sees of a CUDA message whose sender was SIGKILLed
+#              before it was taken (peer_dead with the remedy, the queue working on: cuda.md)
 #   bench      ferry-cuda-bench --breakdown under each FERRY_CUDA_SYNC value, then with
 #              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (chunks passed by fd)
 #   sanitizer  compute-sanitizer memcheck, then synccheck, on each CUDA test case
