@@ -107,6 +107,25 @@ void make_arena() {
   q.recv(5s);
 }
 
+// In a forked child: re-executes this binary to run only the hidden test case `tag`, with fds
+// `a` and `b` inherited and named in the environment variable `env` ("a,b").
+[[noreturn]] void exec_peer(const char* tag, const char* env, int a, int b) {
+  for (int fd : {a, b}) ::fcntl(fd, F_SETFD, 0);  // inherit across exec
+  const std::string fds = std::to_string(a) + "," + std::to_string(b);
+  ::setenv(env, fds.c_str(), 1);
+  ::execl("/proc/self/exe", "runtime_tests", tag, nullptr);
+  ::_exit(127);
+}
+
+// Requires that within 5 s, with no call into ferry, no fd is open that was not in `before`, and
+// the arena has no more leases out than `leases_before`.
+void require_nothing_left(const std::map<int, std::string>& before, std::uint64_t leases_before) {
+  const std::vector<std::string> left = wait_for_fds_of(before, 5s);
+  INFO("still open: " << (left.empty() ? std::string() : left.front()));
+  REQUIRE(left.empty());
+  REQUIRE(ferry::arena_stats().leases_outstanding == leases_before);
+}
+
 // A consumer that takes one message from `q`, says so on `ctl` and holds it until killed; run
 // in a child forked from the test, or in a runtime_tests exec'd from one (spawn).
 [[noreturn]] void hold_until_killed(TensorQueue& q, TensorQueue& ctl) {
@@ -636,12 +655,8 @@ TEST_CASE("a spawned sender that exits at once, or is SIGKILLed, is delivered af
   REQUIRE(q.custody_fd() >= 0);
   const auto start = std::chrono::steady_clock::now();
   const pid_t child = ferry::test::fork_child([&] {
-    for (int fd : {q.fd(), q.custody_fd()}) ::fcntl(fd, F_SETFD, 0);  // inherit across exec
-    const std::string fds = std::to_string(q.fd()) + "," + std::to_string(q.custody_fd());
-    ::setenv("FERRY_TEST_SENDER_FDS", fds.c_str(), 1);
     ::setenv("FERRY_TEST_SENDER_KILLS_ITSELF", killed ? "1" : "0", 1);
-    ::execl("/proc/self/exe", "runtime_tests", "[.exec_sender]", nullptr);
-    ::_exit(127);
+    exec_peer("[.exec_sender]", "FERRY_TEST_SENDER_FDS", q.fd(), q.custody_fd());
   });
   REQUIRE(ferry::test::wait_child(child) == (killed ? 128 + SIGKILL : 0));
   REQUIRE(seconds_since(start) < 10);
@@ -673,11 +688,7 @@ TEST_CASE("a consumer SIGKILLed holding tensors leaves the producer nothing open
     auto ctl = TensorQueue::create({2});
     const pid_t child = ferry::test::fork_child([&] {
       if (!spawned) hold_until_killed(q, ctl);
-      for (int fd : {q.fd(), ctl.fd()}) ::fcntl(fd, F_SETFD, 0);
-      const std::string fds = std::to_string(q.fd()) + "," + std::to_string(ctl.fd());
-      ::setenv("FERRY_TEST_HOLDER_FDS", fds.c_str(), 1);
-      ::execl("/proc/self/exe", "runtime_tests", "[.exec_holder]", nullptr);
-      ::_exit(127);
+      exec_peer("[.exec_holder]", "FERRY_TEST_HOLDER_FDS", q.fd(), ctl.fd());
     });
     q.send({ferry::empty_shared({1 << 16}, at::kFloat)}, 30s);  // 256 KiB: held as a view
     ctl.recv(60s);
@@ -686,10 +697,7 @@ TEST_CASE("a consumer SIGKILLed holding tensors leaves the producer nothing open
   }
   // The queues are dropped; the dead consumer's lease was all that kept q's channel open. No
   // call into ferry from here: the producer lets go on its own.
-  const std::vector<std::string> left = wait_for_fds_of(before, 5s);
-  INFO("still open: " << (left.empty() ? std::string() : left.front()));
-  REQUIRE(left.empty());
-  REQUIRE(ferry::arena_stats().leases_outstanding == leases_before);
+  require_nothing_left(before, leases_before);
 }
 
 // Run only when the test below re-executes this binary: a spawned consumer that takes some of
@@ -729,11 +737,7 @@ TEST_CASE(
           ctl.send({}, 30s);
           for (;;) ::pause();
         }
-        for (int fd : {q.fd(), ctl.fd()}) ::fcntl(fd, F_SETFD, 0);
-        const std::string fds = std::to_string(q.fd()) + "," + std::to_string(ctl.fd());
-        ::setenv("FERRY_TEST_PARTIAL_FDS", fds.c_str(), 1);
-        ::execl("/proc/self/exe", "runtime_tests", "[.exec_partial]", nullptr);
-        ::_exit(127);
+        exec_peer("[.exec_partial]", "FERRY_TEST_PARTIAL_FDS", q.fd(), ctl.fd());
       });
       // 16 KiB each, not from the arena: copied on send, and held as views (or copied out on
       // receipt, which ends their leases at once).
@@ -744,10 +748,7 @@ TEST_CASE(
     }
     // Both queues are dropped, 6 messages still in one of them: no process can pop them any
     // more. No call into ferry from here: the producer lets go on its own, within a second or so.
-    const std::vector<std::string> left = wait_for_fds_of(before, 5s);
-    INFO("still open: " << (left.empty() ? std::string() : left.front()));
-    REQUIRE(left.empty());
-    REQUIRE(ferry::arena_stats().leases_outstanding == leases_before);
+    require_nothing_left(before, leases_before);
   }
   REQUIRE(ferry::transport_stats().leases_abandoned - abandoned_before >= 10);
 }
@@ -827,13 +828,8 @@ TEST_CASE("exec'd peer: attach by inherited fd and echo", "[.exec_peer]") {
 TEST_CASE("a queue crosses exec by its fd", "[queue]") {
   auto to_peer = TensorQueue::create({4});
   auto from_peer = TensorQueue::create({4});
-  const pid_t child = ferry::test::fork_child([&] {
-    for (int fd : {to_peer.fd(), from_peer.fd()}) ::fcntl(fd, F_SETFD, 0);  // inherit across exec
-    const std::string fds = std::to_string(to_peer.fd()) + "," + std::to_string(from_peer.fd());
-    ::setenv("FERRY_TEST_QUEUE_FDS", fds.c_str(), 1);
-    ::execl("/proc/self/exe", "runtime_tests", "[.exec_peer]", nullptr);
-    ::_exit(127);
-  });
+  const pid_t child = ferry::test::fork_child(
+      [&] { exec_peer("[.exec_peer]", "FERRY_TEST_QUEUE_FDS", to_peer.fd(), from_peer.fd()); });
   auto shared = ferry::empty_shared({3}, at::kFloat);
   shared.fill_(1);
   to_peer.send({at::arange(5), shared}, 30s);

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import time
 
+import figures
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_CHILD_SUBREAPER = 36
 _CLONE_NEWNS = 0x00020000
@@ -183,3 +185,18 @@ def ferry_segments(ferry_shm, path="/dev/shm"):
     doc = json.loads(r.stdout)
     return [s for s in doc.get("segments", [])
             if s.get("kind") == "ferry" and not s.get("memfd")]
+
+
+def left_behind(ferry_shm, base_used, what):
+    """What a scenario's processes left once `what` ended: problems (processes still running,
+    killed here; ferry segments listed; tmpfs bytes over `base_used`) and the bytes over it."""
+    problems = []
+    left = wait_gone(strays(), 1.0)
+    if left:
+        problems.append(f"processes still running after {what}: {left}")
+        kill_all(left)
+    reap_zombies()
+    segs, extra = ferry_segments(ferry_shm), shm_used() - base_used
+    if segs or extra > 0:
+        problems.append(f"left behind: {len(segs)} ferry segments, {figures.fmt_bytes(extra)}")
+    return problems, max(0, extra)

@@ -12,7 +12,6 @@ import os
 import subprocess
 import time
 
-import figures
 import procs
 
 
@@ -62,14 +61,8 @@ def run(ctx, p):
             problems.append(f"only {doc.get('kills', 0)} of {p['kills']} kills landed")
         if code != 0 and not problems:
             problems.append(f"queue_soak chaos exited {code}; stderr ends: {errs.strip()[-600:]}")
-    left = procs.wait_gone(procs.strays(), 1.0)
-    if left:
-        problems.append(f"processes still running after queue_soak: {left}")
-        procs.kill_all(left)
-    procs.reap_zombies()
-    segs, extra = procs.ferry_segments(ctx.ferry_shm), procs.shm_used() - base_used
-    if segs or extra > 0:
-        problems.append(f"left behind: {len(segs)} ferry segments, {figures.fmt_bytes(extra)}")
+    left, extra = procs.left_behind(ctx.ferry_shm, base_used, "queue_soak")
+    problems += left
     by_kind = doc.get("kills_by_kind", {})
     headline = (f"{doc.get('sent', 0)} messages sent, {doc.get('kills', 0)} kills "
                 f"(+{doc.get('self_kills', 0)} self: producers {by_kind.get('producer', 0)}+"
@@ -78,7 +71,6 @@ def run(ctx, p):
                 f"{doc.get('duplicated', '?')}, taken by consumers that died "
                 f"{doc.get('taken_by_dead_consumers', '?')}; fds left "
                 f"{doc.get('fds_left_producers', 0) + doc.get('fds_left_harness', 0)}, bytes left "
-                f"{max(0, extra)}")
-    fig = dict(doc, seconds=round(seconds, 1), exit_code=code, bytes_left=max(0, extra),
-               segments_left=len(segs))
+                f"{extra}")
+    fig = dict(doc, seconds=round(seconds, 1), exit_code=code, bytes_left=extra)
     return {"passed": not problems, "problems": problems, "figures": fig, "headline": headline}

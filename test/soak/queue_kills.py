@@ -74,14 +74,8 @@ def run(ctx, p):
                         " | ".join(failures[:5]))
     elif any(codes) and not problems:
         problems.append(f"queue_soak exit codes {codes}")
-    left = procs.wait_gone(procs.strays(), 1.0)
-    if left:
-        problems.append(f"processes still running after queue_soak: {left}")
-        procs.kill_all(left)
-    procs.reap_zombies()
-    segs, extra = procs.ferry_segments(ctx.ferry_shm), procs.shm_used() - base_used
-    if segs or extra > 0:
-        problems.append(f"left behind: {len(segs)} ferry segments, {figures.fmt_bytes(extra)}")
+    left, extra = procs.left_behind(ctx.ferry_shm, base_used, "queue_soak")
+    problems += left
     det = figures.percentiles(detect) or {}
     summary = "; ".join(f"{victim}: " + ", ".join(f"{k} {v}" for k, v in sorted(o.items()))
                         for victim, o in sorted(doc["outcomes"].items()))
