@@ -12,6 +12,7 @@
 #include "ipc/version.hpp"
 #include "python/errors.hpp"
 #include "python/fds.hpp"
+#include "python/futex_words.hpp"
 #include "python/hosts.hpp"
 #include "python/message.hpp"
 #include "python/plain_message.hpp"
@@ -50,6 +51,7 @@ PYBIND11_MODULE(_C, m) {
   ferry::python::bind_hosts(m);
   ferry::python::bind_worker(m);
   ferry::python::bind_fds(m);
+  ferry::python::bind_futex_words(m);
 
   m.def(
       "empty",

@@ -3,8 +3,9 @@
 It works wherever the standard library and PyTorch take a context: its Queue, SimpleQueue and
 JoinableQueue are ferry's, so torch.utils.data.DataLoader (multiprocessing_context=...) moves its
 batches zero-copy and concurrent.futures.ProcessPoolExecutor (mp_context=...) its results; its
-Pool is ferry.Pool. Its locks, events, values and Manager are multiprocessing's, made so that
-a ferry.Pool's workers can open them too. What a process of it is given (a DataLoader's dataset,
+Pool is ferry.Pool. Its Event is ferry's, which takes no lock (ferry/_event.py), so a worker
+killed inside is_set() cannot hang the DataLoader that set()s it. Its locks, values and Manager
+are multiprocessing's, made so that a ferry.Pool's workers can open them too. What a process of it is given (a DataLoader's dataset,
 collate_fn, worker_init_fn; an executor's initializer) pickles as multiprocessing pickles it,
 and where that fails (a lambda, a local class) by value, with cloudpickle, so those are fine
 under spawn too.
@@ -24,6 +25,7 @@ import torch
 
 from . import _C
 from . import _main
+from ._event import Event
 from ._queue import JoinableQueue, Queue, SimpleQueue
 
 # The environment a worker is started with is the parent's own: the parent's is changed for the
@@ -35,15 +37,15 @@ _contexts = {}
 # Locks, values and the rest are made by the spawn context, whatever the start method: a fork
 # context's semaphores have no name, and only a child forked after them could open them, not a
 # ferry.Pool's worker. A named one works with forked children too.
-_SHAREABLE = ("Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
+_SHAREABLE = ("Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Barrier",
               "Value", "Array", "RawValue", "RawArray")
 
 
 def get_context(method=None, *, cuda=False):
     """multiprocessing's context for start method `method` ("fork", "spawn", "forkserver"; None:
     the default), whose Queue, SimpleQueue and JoinableQueue are ferry's, whose Pool is
-    ferry.Pool, and whose Process, Manager, Event, Lock and the rest are the standard ones (see
-    the top of this file). Pass it to DataLoader(multiprocessing_context=...) or
+    ferry.Pool, whose Event takes no lock, and whose Process, Manager, Lock and the rest are the
+    standard ones (see the top of this file). Pass it to DataLoader(multiprocessing_context=...) or
     ProcessPoolExecutor(mp_context=...).
 
     Its processes see no GPU (CUDA_VISIBLE_DEVICES is empty in them) unless `cuda` is true, so a
@@ -75,6 +77,9 @@ def _make_context(base_cls, cuda):
 
         def JoinableQueue(self, maxsize=0):
             return JoinableQueue(maxsize)
+
+        def Event(self):
+            return Event()
 
         def Pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
             from ._pool import Pool

@@ -2,9 +2,10 @@
 
 Processes, pipes, managers and the start method are multiprocessing's (torch.multiprocessing's
 are too). ferry.Process pickles its target as multiprocessing does, else by value (a lambda is
-fine under spawn), and shares the script's namespace in the child (_main). Locks, events,
-semaphores, values and arrays are made by multiprocessing's spawn context whatever the start
-method, so that they reach a ferry.Pool's workers as well as any child. spawn() is
+fine under spawn), and shares the script's namespace in the child (_main). Locks, semaphores,
+values and arrays are made by multiprocessing's spawn context whatever the start method, so
+that they reach a ferry.Pool's workers as well as any child. Event is ferry's, which takes no
+lock a killed process could keep (_event.py), in memory of the same spawn context. spawn() is
 torch.multiprocessing's. The sharing strategy is torch's: it decides how tensors travel where
 ferry does not carry them (multiprocessing's own queues and pipes); ferry's queues and pools do
 not use it.
@@ -14,6 +15,7 @@ import multiprocessing
 
 import torch.multiprocessing as _torch_mp
 
+from . import _event
 from ._context import FerryProcessBase, get_context
 
 # multiprocessing's own, as torch.multiprocessing re-exports them.
@@ -76,7 +78,7 @@ def Condition(lock=None):
 
 
 def Event():
-    return _spawn_context.Event()
+    return _event.Event()
 
 
 def Barrier(parties, action=None, timeout=None):

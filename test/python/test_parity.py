@@ -241,23 +241,26 @@ def test_a_dataloaders_dataset_keeps_multiprocessings_own_picklers(tmp_path, met
 
 def test_locks_values_and_manager_proxies_reach_a_pools_tasks(tmp_path):
     same(tmp_path, """
-        def init(lock, total):
-            global LOCK, TOTAL
-            LOCK, TOTAL = lock, total
+        def init(lock, total, ev):
+            global LOCK, TOTAL, EV
+            LOCK, TOTAL, EV = lock, total, ev
 
         def add(x):
             with LOCK:
-                TOTAL.value += x
+                TOTAL.value += x if EV.wait(30) else 1000
 
         def note(d, k):
             d[k] = k * k
 
         if __name__ == "__main__":
             ctx = mp.get_context("spawn")
-            total = ctx.Value("i", 0)
+            total, ev = ctx.Value("i", 0), ctx.Event()
             # The lock given inline, as multiprocessing's idiom has it: the pool keeps it alive.
-            with ctx.Pool(2, initializer=init, initargs=(ctx.Lock(), total)) as p:
-                p.map(add, range(10))
+            with ctx.Pool(2, initializer=init, initargs=(ctx.Lock(), total, ev)) as p:
+                result = p.map_async(add, range(10))
+                time.sleep(0.2)
+                ev.set()
+                result.get(60)
             print(total.value)
             with ctx.Manager() as m:
                 d = m.dict()
@@ -532,6 +535,59 @@ def test_tensors_put_by_a_child_killed_next_arrive_where_torch_loses_them(tmp_pa
     assert code == 0, err
     assert out == ("exit -9\n[0.0, 0.0, 0.0, 0.0]\n[1.0, 1.0, 1.0, 1.0]\n[2.0, 2.0, 2.0, 2.0]\n"
                    "[9.0]\n"), out + err
+
+
+def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp_path):
+    """Children call is_set() and wait() in a loop and are SIGKILLed. multiprocessing's Event
+    guards its flag with a lock, which a child can die holding: the parent's next set() then
+    waits for ever (a DataLoader's shutdown does just that). ferry's Event takes no lock. Both
+    give the same answers otherwise."""
+    runs = both(tmp_path, """
+        import random, signal, threading
+
+        def spin(ev):
+            while True:
+                ev.is_set()
+                ev.wait(0.0005)
+
+        def waiter(ev, q):
+            q.put(ev.wait(30))
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("fork")
+            ev = ctx.Event()
+            print(ev.is_set(), ev.wait(0.05), ev.wait(-1))
+            q = ctx.SimpleQueue()
+            p = ctx.Process(target=waiter, args=(ev, q))
+            p.start()
+            time.sleep(0.3)
+            ev.set()
+            print(q.get(), ev.is_set(), ev.wait(), ev.wait(0))
+            p.join()
+            ev.clear()
+            print(ev.is_set(), ev.wait(0.05))
+
+            random.seed(1)
+            for rounds in range(1, 41):
+                p = ctx.Process(target=spin, args=(ev,))
+                p.start()
+                time.sleep(random.uniform(0.01, 0.04))
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
+                done = threading.Event()
+                threading.Thread(target=lambda: (ev.set(), ev.clear(), done.set()),
+                                 daemon=True).start()
+                if not done.wait(5):
+                    break
+            print("set() returned" if done.is_set() else "set() hung", "after", rounds, "kills")
+            sys.stdout.flush()
+            os._exit(0)  # a thread may be stuck in set() for good
+        """, timeout=120)
+    semantics = "False False False\nTrue True True True\nFalse False\n"
+    code, out, err = runs["torch"]
+    assert code == 0 and out.startswith(semantics + "set() hung after "), out + err
+    code, out, err = runs["ferry"]
+    assert code == 0 and out == semantics + "set() returned after 40 kills\n", out + err
 
 
 # -- 8. the names a torch.multiprocessing script reaches for --------------------------------------
