@@ -157,7 +157,7 @@ def test_a_worker_sigkilled_is_reported_not_a_hang(method):
             pass
     assert time.monotonic() - start < 30
     # The shutdown set()s the workers' done event, which the victim may have been killed
-    # inside: ferry's Event has no lock for it to keep (test_parity has the side-by-side).
+    # X
     shutdown = threading.Thread(target=it._shutdown_workers, daemon=True)
     shutdown.start()
     shutdown.join(30)

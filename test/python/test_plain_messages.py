@@ -10,7 +10,7 @@ import torch
 import ferry
 from ferry import _C, _pickle
 
-from test_parity import same
+from parity import same
 
 
 def plain(obj, max_bases=64):

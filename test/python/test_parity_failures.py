@@ -1,0 +1,271 @@
+"""The drop-in promise when things go wrong, checked side by side under torch.multiprocessing
+and ferry (parity.py runs them): exceptions, Ctrl-C and signals, processes that die at any
+instant. One file apart from test_parity.py, so that the suite runs the two at once.
+"""
+
+from parity import both, same
+
+# -- 4. a task's exception keeps its type ----------------------------------------------------
+
+def test_errors_keep_their_type_and_waits_time_out_as_multiprocessings(tmp_path):
+    same(tmp_path, """
+        import itertools
+
+        def fails(x):
+            if x == 2:
+                raise ValueError(f"bad {x}")
+            return x
+
+        def slow(x):
+            time.sleep(x)
+            return x
+
+        if __name__ == "__main__":
+            with mp.get_context("spawn").Pool(2) as p:
+                for call in (lambda: p.map(fails, range(4)), lambda: p.apply(fails, (2,)),
+                             lambda: p.apply_async(fails, (2,)).get(30),
+                             lambda: list(p.imap(fails, range(4)))):
+                    try:
+                        call()
+                    except ValueError as e:
+                        print("ValueError", e, type(e.__cause__).__name__)
+                try:
+                    p.apply_async(slow, (2,)).get(timeout=0.1)
+                except mp.TimeoutError as e:
+                    print("timed out", type(e).__module__)
+                it = p.imap(slow, [1.0, 0])
+                try:
+                    it.next(timeout=0.05)
+                except mp.TimeoutError:
+                    print("next timed out")
+                print(it.next(timeout=30), it.next(timeout=30))
+                print(list(itertools.islice(p.imap(fails, itertools.count(3)), 4)))
+        """, """\
+        ValueError bad 2 RemoteTraceback
+        ValueError bad 2 RemoteTraceback
+        ValueError bad 2 RemoteTraceback
+        ValueError bad 2 RemoteTraceback
+        timed out multiprocessing.context
+        next timed out
+        1.0 0
+        [3, 4, 5, 6]
+        """)
+
+
+# -- 5. Ctrl-C and signal handlers during a wait ---------------------------------------------
+
+def test_ctrl_c_interrupts_every_wait_and_terminate_is_at_once(tmp_path):
+    """Both raise KeyboardInterrupt promptly and terminate busy workers at once (ferry waited
+    for the task, 14 s, and terminate() took 5 s). The bound is loose: a loaded machine must not
+    fail it, and the old behaviour is ten times over it."""
+    runs = both(tmp_path, """
+        import signal, threading
+
+        def slow(x):
+            time.sleep(30)
+
+        def interrupted(call):
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            t0 = time.monotonic()
+            try:
+                call()
+            except KeyboardInterrupt:
+                return time.monotonic() - t0 - 0.3
+
+        if __name__ == "__main__":
+            slow_after = []
+            signal.signal(signal.SIGUSR1, lambda *a: slow_after.append(time.monotonic()))
+            q = mp.Queue()
+            print("get", interrupted(q.get) < 1.0)
+            p = mp.get_context("spawn").Pool(2)
+            p.map(abs, range(4))
+            print("map", interrupted(lambda: p.map(slow, range(2))) < 1.0)
+            r = p.map_async(slow, range(2))
+            print("get result", interrupted(lambda: r.get()) < 1.0)
+            t0 = time.monotonic()
+            p.terminate()
+            print("terminate", time.monotonic() - t0 < 1.0)
+            p.join()
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+            t0 = time.monotonic()
+            try:
+                q.get(timeout=2)
+            except Exception as e:
+                print(type(e).__name__, "handler ran during the wait:", slow_after[0] - t0 < 1.0)
+        """, timeout=120)
+    expected = ("get True\nmap True\nget result True\nterminate True\n"
+                "Empty handler ran during the wait: True\n")
+    for impl, (code, out, err) in runs.items():
+        assert code == 0, f"{impl}\n{out}\n{err}"
+        assert out == expected, f"{impl} printed\n{out}\n{err}"
+        assert "did not stop" not in err
+
+
+def test_a_dataloader_hears_ctrl_c_and_a_dead_worker_at_once(tmp_path):
+    """DataLoader waits on its result queue in 5 s steps; ferry's queue heard neither Ctrl-C nor
+    torch's SIGCHLD handler until a step ended (5.0 s, where torch's context took 0.5 s)."""
+    same(tmp_path, """
+        import signal, threading
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            def __len__(self):
+                return 64
+
+            def __getitem__(self, i):
+                time.sleep(30 if i >= 2 else 0)
+                return torch.tensor([i])
+
+        def first_then(act):
+            it = iter(DataLoader(Slow(), batch_size=1, num_workers=2,
+                                 multiprocessing_context=mp.get_context("spawn")))
+            next(it)
+            t0 = time.monotonic()
+            threading.Timer(0.3, act, (it,)).start()
+            try:
+                next(it)
+                next(it)
+            except (KeyboardInterrupt, RuntimeError) as e:
+                return type(e).__name__, time.monotonic() - t0 - 0.3 < 2.5
+
+        if __name__ == "__main__":
+            print(first_then(lambda it: os.kill(os.getpid(), signal.SIGINT)))
+            print(first_then(lambda it: os.kill(it._workers[0].pid, signal.SIGKILL)))
+        """, """\
+        ('KeyboardInterrupt', True)
+        ('RuntimeError', True)
+        """)
+
+
+# -- 6. a consumer can no longer wait for ever ---------------------------------------------------
+
+def test_a_producer_that_dies_before_its_first_put_ends_the_get(tmp_path):
+    """torch's get waits for its timeout; ferry's raises PeerDead naming the producer and how it
+    ended, for a producer that attached and died, and one that died before it even arrived."""
+    runs = both(tmp_path, """
+        import queue
+
+        class Broken:
+            def __reduce__(self):
+                return (os._exit, (5,))  # the child dies unpickling its arguments
+
+        def dies(q):
+            sys.exit(3)
+
+        def never(broken, q):
+            pass
+
+        if __name__ == "__main__":
+            for target, args in ((dies, ()), (never, (Broken(),))):
+                q = mp.Queue()
+                p = mp.get_context("spawn").Process(target=target, args=args + (q,))
+                p.start()
+                t0 = time.monotonic()
+                try:
+                    q.get(timeout=8)
+                except queue.Empty:
+                    print("Empty", round(time.monotonic() - t0))
+                except Exception as e:
+                    print(type(e).__name__, f"pid {p.pid} (held it; exited with code" in str(e),
+                          time.monotonic() - t0 < 6)
+                p.join()
+        """, timeout=120)
+    code, out, err = runs["torch"]
+    assert code == 0 and out == "Empty 8\nEmpty 8\n", out + err
+    code, out, err = runs["ferry"]
+    assert code == 0, err
+    assert out == "PeerDead True True\nPeerDead True True\n", out + err
+
+
+# -- 7. a message outlives its sender --------------------------------------------------------------
+
+def test_tensors_put_by_a_child_killed_next_arrive_where_torch_loses_them(tmp_path):
+    """A child puts tensors and a list, lets the queue's feeder thread (torch's) flush, and is
+    SIGKILLed. torch delivers the list but not the tensors, whose storage it fetches from the
+    dead child; ferry delivers both, as the list."""
+    runs = both(tmp_path, """
+        import signal
+        import torch
+
+        def produce(q):
+            for i in range(3):
+                q.put(torch.full((4,), float(i)))
+            q.put([9.0])
+            time.sleep(1)  # torch's feeder thread writes what was put
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=produce, args=(q,))
+            p.start()
+            p.join()
+            print("exit", p.exitcode)
+            for _ in range(4):
+                try:
+                    x = q.get(timeout=10)
+                    print(x.tolist() if isinstance(x, torch.Tensor) else x)
+                except Exception as e:
+                    print("lost:", type(e).__name__)
+        """, timeout=120)
+    code, out, err = runs["torch"]
+    assert code == 0, err
+    assert out.startswith("exit -9\nlost:") and out.rstrip().endswith("[9.0]"), out + err
+    code, out, err = runs["ferry"]
+    assert code == 0, err
+    assert out == ("exit -9\n[0.0, 0.0, 0.0, 0.0]\n[1.0, 1.0, 1.0, 1.0]\n[2.0, 2.0, 2.0, 2.0]\n"
+                   "[9.0]\n"), out + err
+
+
+def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp_path):
+    """Children call is_set() and wait() in a loop and are SIGKILLed. multiprocessing's Event
+    guards its flag with a lock, which a child can die holding: the parent's next set() then
+    waits for ever (a DataLoader's shutdown does just that). ferry's Event takes no lock. Both
+    give the same answers otherwise."""
+    runs = both(tmp_path, """
+        import random, signal, threading
+
+        def spin(ev):
+            while True:
+                ev.is_set()
+                ev.wait(0.0005)
+
+        def waiter(ev, q):
+            q.put(ev.wait(30))
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("fork")
+            ev = ctx.Event()
+            print(ev.is_set(), ev.wait(0.05), ev.wait(-1))
+            q = ctx.SimpleQueue()
+            p = ctx.Process(target=waiter, args=(ev, q))
+            p.start()
+            time.sleep(0.3)
+            ev.set()
+            print(q.get(), ev.is_set(), ev.wait(), ev.wait(0))
+            p.join()
+            ev.clear()
+            print(ev.is_set(), ev.wait(0.05))
+
+            random.seed(1)
+            for rounds in range(1, 41):
+                p = ctx.Process(target=spin, args=(ev,))
+                p.start()
+                time.sleep(random.uniform(0.01, 0.04))
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
+                done = threading.Event()
+                threading.Thread(target=lambda: (ev.set(), ev.clear(), done.set()),
+                                 daemon=True).start()
+                if not done.wait(5):
+                    break
+            print("set() returned" if done.is_set() else "set() hung", "after", rounds, "kills")
+            sys.stdout.flush()
+            os._exit(0)  # a thread may be stuck in set() for good
+        """, timeout=120)
+    semantics = "False False False\nTrue True True True\nFalse False\n"
+    code, out, err = runs["torch"]
+    assert code == 0 and out.startswith(semantics + "set() hung after "), out + err
+    code, out, err = runs["ferry"]
+    assert code == 0 and out == semantics + "set() returned after 40 kills\n", out + err
