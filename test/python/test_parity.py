@@ -6,7 +6,7 @@ test_parity_failures.py has what goes wrong.
 
 import pytest
 
-from parity import both, same
+from parity import both, run, same
 
 # -- 1. the script's functions share one namespace in a worker ------------------------------
 

@@ -219,7 +219,7 @@ def test_tensors_put_by_a_child_killed_next_arrive_where_torch_loses_them(tmp_pa
 
 
 def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp_path):
-    """Children call is_set() and wait() in a loop and are SIGKILLed. multiprocessing's Event
+    """Children call is_set() in a loop and are SIGKILLed. multiprocessing's Event
     guards its flag with a lock, which a child can die holding: the parent's next set() then
     waits for ever (a DataLoader's shutdown does just that). ferry's Event takes no lock. Both
     give the same answers otherwise."""
@@ -228,8 +228,7 @@ def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp
 
         def spin(ev):
             while True:
-                ev.is_set()
-                ev.wait(0.0005)
+                ev.is_set()  # what a DataLoader worker calls on each index it takes
 
         def waiter(ev, q):
             q.put(ev.wait(30))
@@ -249,10 +248,12 @@ def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp
             print(ev.is_set(), ev.wait(0.05))
 
             random.seed(1)
-            for rounds in range(1, 41):
+            # A kill lands inside is_set()'s lock one time in a few (hung after 1 to 34 kills
+            # in ten runs on two Pythons): 200 rounds leave torch no chance to pass.
+            for rounds in range(1, 201):
                 p = ctx.Process(target=spin, args=(ev,))
                 p.start()
-                time.sleep(random.uniform(0.01, 0.04))
+                time.sleep(random.uniform(0.005, 0.02))
                 os.kill(p.pid, signal.SIGKILL)
                 p.join()
                 done = threading.Event()
@@ -268,4 +269,4 @@ def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp
     code, out, err = runs["torch"]
     assert code == 0 and out.startswith(semantics + "set() hung after "), out + err
     code, out, err = runs["ferry"]
-    assert code == 0 and out == semantics + "set() returned after 40 kills\n", out + err
+    assert code == 0 and out == semantics + "set() returned after 200 kills\n", out + err
