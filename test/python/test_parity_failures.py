@@ -226,7 +226,9 @@ def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp
     runs = both(tmp_path, """
         import random, signal, threading
 
-        def spin(ev):
+        def spin(ev, ready):
+            ev.is_set()
+            ready.send(True)
             while True:
                 ev.is_set()  # what a DataLoader worker calls on each index it takes
 
@@ -248,12 +250,16 @@ def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp
             print(ev.is_set(), ev.wait(0.05))
 
             random.seed(1)
-            # A kill lands inside is_set()'s lock one time in a few (hung after 1 to 34 kills
-            # in ten runs on two Pythons): 200 rounds leave torch no chance to pass.
+            # A kill that lands in the loop is inside is_set()'s lock one time in a few (hung
+            # after 1 to 34 kills in ten runs on two Pythons): 200 leave torch no chance to pass.
+            # The child says when it is in the loop: a fork of a process that imported torch
+            # can take longer than the wait before the kill.
             for rounds in range(1, 201):
-                p = ctx.Process(target=spin, args=(ev,))
+                ready, ready_w = mp.Pipe(duplex=False)
+                p = ctx.Process(target=spin, args=(ev, ready_w))
                 p.start()
-                time.sleep(random.uniform(0.005, 0.02))
+                ready.recv()
+                time.sleep(random.uniform(0.0005, 0.005))
                 os.kill(p.pid, signal.SIGKILL)
                 p.join()
                 done = threading.Event()
