@@ -5,10 +5,10 @@ JoinableQueue are ferry's, so torch.utils.data.DataLoader (multiprocessing_conte
 batches zero-copy and concurrent.futures.ProcessPoolExecutor (mp_context=...) its results; its
 Pool is ferry.Pool. Its Event is ferry's, which takes no lock (ferry/_event.py), so a worker
 killed inside is_set() cannot hang the DataLoader that set()s it. Its locks, values and Manager
-are multiprocessing's, made so that a ferry.Pool's workers can open them too. What a process of it is given (a DataLoader's dataset,
-collate_fn, worker_init_fn; an executor's initializer) pickles as multiprocessing pickles it,
-and where that fails (a lambda, a local class) by value, with cloudpickle, so those are fine
-under spawn too.
+are multiprocessing's, made so that a ferry.Pool's workers can open them too. What a process of
+it is given (a DataLoader's dataset, collate_fn, worker_init_fn; an executor's initializer)
+pickles as multiprocessing pickles it, and where that fails (a lambda, a local class) by value,
+with cloudpickle, so those are fine under spawn too.
 """
 
 import contextlib

@@ -51,8 +51,6 @@ class Event(_synchronize.Event):
 
     def wait(self, timeout=None):
         """Blocks until the flag is set or `timeout` seconds pass; the flag (False on timeout)."""
-        if self._word.value:
-            return True
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while not self._word.value:
             nap = _NAP_S if deadline is None else min(_NAP_S, deadline - time.monotonic())
