@@ -166,18 +166,21 @@ def test_a_ferry_run_host_is_told_to_join_with_python(secret, hosts):
         assert pool.hosts()["refused"] == 1
 
 
-def test_sigterm_to_a_host_says_goodbye_and_the_pool_goes_on(secret, hosts):
+def test_sigterm_to_a_host_says_goodbye_and_the_pool_goes_on(secret, hosts, capfd):
     with head() as pool:
         hosts.append(Host(pool.address, "h1"))
         assert wait_until(lambda: pool.hosts()["live"] == 1, timeout=30)
         assert pool.map(where_and_init, range(20))[0][0] == 0
-        t0 = time.monotonic()
+        capfd.readouterr()
         hosts[0].proc.send_signal(signal.SIGTERM)
         code, out = hosts[0].finish()
         assert code == 128 + signal.SIGTERM, out
         assert "the head was told" in out
-        assert wait_until(lambda: pool.hosts()["live"] == 0, timeout=5)
-        assert time.monotonic() - t0 < 3.0, "a goodbye, not the lost_after timeout"
+        # The head's own account of the loss tells a goodbye from the lost_after timeout; a
+        # stopwatch could not, on a loaded machine.
+        assert wait_until(lambda: pool.hosts()["live"] == 0, timeout=LOST_AFTER / 2)
+        err = capfd.readouterr().err
+        assert "h1 (slot 1) lost: it left" in err, err
         assert pool.map(where_and_init, range(20)) == [(i * i, "head", None) for i in range(20)]
 
 
