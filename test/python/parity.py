@@ -5,10 +5,11 @@ A case is a script whose first argument says which module is `mp` ("torch": torc
 both outputs with the expected one. Where ferry does better on purpose (torch cannot give a queue
 to a pool's task, nor pickle a lambda), the test asserts torch's documented failure and ferry's
 right answer. Each run has a session of its own: once it has exited, no process of it may be
-left, and multiprocessing's resource tracker may report no leaked semaphore.
+left, and multiprocessing's resource tracker may report no leaked semaphore or shared memory.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,17 @@ if IMPL == "ferry":
 else:
     import torch.multiprocessing as mp
 """
+
+
+def leaked(err):
+    """How many semaphores and shared memory blocks the resource tracker found left at its exit,
+    less those it then found gone already. Under forkserver a tracker may be told of a semaphore
+    twice and of its unlink once (seen here under torch, in a DataLoader's forkserver case): it
+    warns, tries to unlink it, and gets ENOENT. That object did not outlive its owner."""
+    counted = sum(int(n) for n in re.findall(
+        r"There appear to be (\d+) leaked (?:semaphore|shared_memory) objects", err))
+    gone = len(re.findall(r"resource_tracker: '[^']*': \[Errno 2\]", err))
+    return counted - gone
 
 
 def _session_members(sid):
@@ -67,7 +79,7 @@ def run(tmp_path, body, impl, timeout=180, env=None):
             except ProcessLookupError:
                 pass
     assert not left, f"{impl}: processes left behind: {left}\n{err}"
-    assert "leaked semaphore" not in err and "leaked shared_memory" not in err, err
+    assert leaked(err) <= 0, f"{impl}: the resource tracker cleaned up after it\n{err}"
     return p.returncode, out, err
 
 
