@@ -86,15 +86,18 @@ tsan:
 # the build's own warnings against a newer LibTorch's headers, Debian trixie's libtorch-dev 2.6, as
 # C++17 and as C++20; with trixie's Gloo headers too, which that LibTorch's c10d expects. The package is fetched once into $(API_BUILD) (private apt state, nothing
 # installed); later runs work offline and skip sources unchanged since they passed.
+# API_SKIP_BUILT names build trees whose sources are left out (CI: build-forky, see .ci/run).
 API_BUILD ?= build-api
 API_STDS ?= c++17 c++20
+API_SKIP_BUILT ?=
 api-check: deps
 	@tools/fetch-debian-packages.sh $(API_BUILD)/trixie trixie libtorch-dev libgloo-dev
 	@cmake -S . -B $(API_BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_API_CHECK=ON -DFERRY_WERROR=ON \
 	  $(CMAKE_ARGS) \
 	  >$(API_BUILD)/configure.log 2>&1 || { cat $(API_BUILD)/configure.log; exit 1; }
 	@python3 tools/api_check.py --build $(API_BUILD) --torch-include $(API_BUILD)/trixie/root/usr/include \
-	  $(foreach s,$(API_STDS),--std $(s)) -j $(JOBS)
+	  $(foreach s,$(API_STDS),--std $(s)) $(foreach b,$(API_SKIP_BUILT),--skip-built-in $(b)) \
+	  -j $(JOBS)
 
 # The suite against Debian forky's LibTorch 2.x (C++20, Catch2 3, two OpenMP threads), in a chroot
 # made once in $(FORKY_ROOT), outside the checkout, and reused; the build goes to build-forky/.

@@ -9,6 +9,7 @@
 #   FORKY_BUILD  the build tree, inside the checkout (default build-forky)
 #   FORKY_MIRROR the Debian mirror (default: the one this machine's apt uses, tools/debian-mirror.sh)
 #   JOBS         build jobs (default: nproc)
+#   FORKY_OMP_THREADS  OMP_NUM_THREADS of the tests (default 2; that LibTorch takes 1 unset)
 #   CMAKE_ARGS   extra arguments to the configure step
 #
 # CTEST_ARGS replace the default ctest arguments (the whole suite, one job per core).
@@ -174,6 +175,11 @@ in_chroot bash -c 'set -e
 say "built in $(($(date +%s) - t1)) s"
 t1=$(date +%s)
 rc=0
-in_chroot bash -c 'cd "$1" && shift && exec ctest "$@"' forky-ctest "$src/$build" "$@" || rc=$?
+# Debian's LibTorch starts one OpenMP thread unless told otherwise (forky's too): two, as pip's
+# PyTorch takes on two cores, so a parent's parallel region starts a team before a test forks.
+omp=${FORKY_OMP_THREADS:-2}
+say "tests with OMP_NUM_THREADS=$omp"
+in_chroot env OMP_NUM_THREADS="$omp" bash -c 'cd "$1" && shift && exec ctest "$@"' forky-ctest \
+  "$src/$build" "$@" || rc=$?
 say "tests ran in $(($(date +%s) - t1)) s (exit $rc); $(elapsed) in all"
 exit "$rc"
