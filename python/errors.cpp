@@ -15,7 +15,7 @@ struct Classes {
   PyObject* invalid = nullptr;        // ferry.InvalidArgument (Error, ValueError)
   PyObject* timeout = nullptr;        // ferry.Timeout (Error, TimeoutError)
   PyObject* closed = nullptr;         // ferry.ShutDown (Error[, queue.ShutDown])
-  PyObject* peer_dead = nullptr;      // ferry.PeerDead (Error)
+  PyObject* peer_dead = nullptr;      // ferry.PeerDead (Error, queue.Empty)
   PyObject* shm_exhausted = nullptr;  // ferry.ShmExhausted (Error, MemoryError)
   PyObject* task = nullptr;           // ferry.TaskError (Error)
   PyObject* worker_lost = nullptr;    // ferry.WorkerLost (TaskError)
@@ -98,8 +98,10 @@ void bind_errors(py::module_& m) {
   if (py::hasattr(queue, "ShutDown"))
     shutdown_bases = py::make_tuple(error, queue.attr("ShutDown"));
   g.closed = make_class(m, "ShutDown", "The queue or pool was shut down.", shutdown_bases);
+  // A get that ends because every producer exited is, to code written for multiprocessing, a
+  // get that found nothing: `except queue.Empty` catches it too.
   g.peer_dead = make_class(m, "PeerDead", "Every process on the other side of a queue has exited.",
-                           py::make_tuple(error));
+                           py::make_tuple(error, queue.attr("Empty")));
   g.shm_exhausted = make_class(
       m, "ShmExhausted",
       "The shared-memory filesystem has no room; the message names the sizes and the remedy.",

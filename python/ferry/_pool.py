@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import warnings
 import weakref
 
 import torch
@@ -82,7 +83,10 @@ class AsyncResult:
     """multiprocessing's AsyncResult: get(timeout), wait(timeout), ready(), successful().
 
     `wait(timeout)` says whether the work has ended; `resolve()` gives its value or raises. No
-    thread is involved unless a callback is given: get() waits on the task itself.
+    thread is involved unless a callback is given: get() waits on the task itself. With one, a
+    thread waits for the work and runs the callback, and the result is ready only once that has
+    returned, as under multiprocessing: code that reads what its callback stored after get() or
+    wait() finds it there.
     """
 
     def __init__(self, wait, resolve, callback=None, error_callback=None):
@@ -92,22 +96,38 @@ class AsyncResult:
         self._settled = False
         self._value = None
         self._error = None
+        self._called = None  # set once the callback has run, where there is one
         if callback is not None or error_callback is not None:
+            self._called = threading.Event()
+
             def notify():
-                self._wait(None)
-                self._settle()
-                if self._error is None and callback is not None:
-                    callback(self._value)
-                elif self._error is not None and error_callback is not None:
-                    error_callback(self._error)
+                try:
+                    self._work_done(None)
+                    self._settle()
+                    if self._error is None and callback is not None:
+                        callback(self._value)
+                    elif self._error is not None and error_callback is not None:
+                        error_callback(self._error)
+                except BaseException:
+                    # multiprocessing's result thread dies of it and the pool hangs; here the
+                    # callback's error is printed and the result still becomes ready.
+                    sys.excepthook(*sys.exc_info())
+                finally:
+                    self._called.set()
 
             threading.Thread(target=notify, name="ferry-callback", daemon=True).start()
 
-    def _wait(self, timeout):
+    def _work_done(self, timeout):
         """Whether the work has ended within `timeout` seconds (None: for ever), in slices."""
         if self._settled:
             return True
         return _waiting.wait(lambda t: (self._wait_once(t), None), timeout)[0]
+
+    def _wait(self, timeout):
+        """Whether the result is ready (the work ended, its callback ran) within `timeout`."""
+        if self._called is None:
+            return self._work_done(timeout)
+        return _waiting.wait(lambda t: (self._called.wait(t), None), timeout)[0]
 
     def _settle(self):
         with self._lock:
@@ -119,6 +139,8 @@ class AsyncResult:
                 self._settled = True
 
     def ready(self):
+        if self._called is not None:
+            return self._called.is_set()
         return self._settled or self._wait_once(0)
 
     def successful(self):
@@ -176,6 +198,10 @@ class _Stream:
         self._star = star
         it = iter(iterable)
         self._chunks = iter(lambda: list(itertools.islice(it, chunksize)), [])
+        # (chunk index, exception) when reading the input raised: the inputs end there, and the
+        # error comes out in that chunk's place, after every result before it (multiprocessing
+        # turns it into a task that raises, in the same place).
+        self._input_error = None
         # The C++ stream holds what makes its inputs: by a weak reference, or this stream and
         # the pool behind it would be a cycle through C++ that Python's collector cannot see.
         ref = weakref.ref(self)
@@ -184,7 +210,13 @@ class _Stream:
             lambda i: ref()._make(i) if ref() is not None else None, prelude)
 
     def _make(self, i):
-        chunk = next(self._chunks, None)
+        if self._input_error is not None:
+            return None
+        try:
+            chunk = next(self._chunks, None)
+        except Exception as e:
+            self._input_error = (i, e)
+            return None
         if chunk is None:
             return None
         held = []
@@ -211,11 +243,14 @@ class _Stream:
     def next(self, timeout=None):
         """(index, values) or (index, exception) of a finished chunk; None after the last; False
         when `timeout` seconds passed first."""
+        if self._results is None:
+            return None
         done, got = _waiting.wait(self._attempt, timeout)
         if not done:
             return False
         if got is None:
             self._results = None  # ended: the C++ stream and what it holds go now
+            got, self._input_error = self._input_error, None
         else:
             self._held.pop(got[0], None)
         return got
@@ -456,6 +491,8 @@ class Pool:
         raises its exception at once."""
         if chunksize is None:
             iterable, chunksize = self._default_chunksize(iterable)
+        elif not hasattr(iterable, "__len__"):
+            iterable = list(iterable)  # as multiprocessing: its error comes before any task runs
         stream = self._stream(func, iterable, chunksize, star)
         chunks = {}
         while True:
@@ -521,10 +558,20 @@ class Pool:
     def __len__(self):
         return self._pool.size()
 
-    def __del__(self):
+    def __del__(self, _warn=warnings.warn):
+        if getattr(self, "_state", None) == "run":
+            # As multiprocessing says it: the pool was never closed nor terminated.
+            _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning,
+                  source=self)
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close("kill")
+
+    def __repr__(self):
+        state = {"run": "RUN", "close": "CLOSE", "terminate": "TERMINATE"}.get(
+            getattr(self, "_state", None), "INIT")
+        size = self._pool.size() if getattr(self, "_pool", None) is not None else 0
+        return f"<ferry.Pool state={state} pool_size={size}>"
 
     # -- what it did ----------------------------------------------------------------------------
     def stats(self):

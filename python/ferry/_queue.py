@@ -81,8 +81,7 @@ class Queue:
     # -- multiprocessing.Queue ----------------------------------------------------------------
     def put(self, obj, block=True, timeout=None):
         """Queues obj; blocks while full, up to timeout (then queue.Full)."""
-        if self._closed:
-            raise ValueError(f"Queue {self!r} is closed")
+        self._check_open()
         seconds = _seconds(block, timeout)
         linger_at_exit()
         # An object of tensors and plain data is encoded and sent in one call, without the
@@ -112,6 +111,7 @@ class Queue:
         """The oldest object; blocks while empty, up to timeout (then queue.Empty). Raises
         ferry.PeerDead when the queue is empty and every other process that held it, and could
         have put, has exited (see the top of this file)."""
+        self._check_open()
         seconds = _seconds(block, timeout)
         deadline = None if seconds is None else time.monotonic() + seconds
         message = self._q.get(_waiting.first_slice(seconds))
@@ -147,8 +147,13 @@ class Queue:
         return m != 0 and self._q.messages() >= m
 
     def close(self):
-        """This process puts no more (as multiprocessing.Queue.close); others go on."""
+        """This process puts and gets no more (as multiprocessing.Queue.close: either raises
+        ValueError after it); other processes that hold the queue go on."""
         self._closed = True
+
+    def _check_open(self):
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
 
     def join_thread(self):
         """Nothing to join: a put is done when it returns (kept for multiprocessing's API)."""
@@ -327,6 +332,16 @@ class SimpleQueue(Queue):
 
     def get(self):
         return super().get()
+
+    def empty(self):
+        self._check_open()
+        return super().empty()
+
+    def _check_open(self):
+        # multiprocessing's SimpleQueue is two pipe ends: once closed, each call meets a closed
+        # handle, whose error is this one.
+        if self._closed:
+            raise OSError(f"handle is closed: {self!r} was closed in this process")
 
     def _rang(self):
         self._bell.ring()

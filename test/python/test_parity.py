@@ -343,6 +343,79 @@ def test_a_pools_fresh_results_and_a_buffer_it_keeps_writing_behave_as_under_tor
         [3.0, 3.0, 3.0, 3.0]
         """)
 
+# -- 9. what the standard library's own tests expect of a pool ------------------------------
+
+def test_a_callback_has_run_once_its_result_is_ready(tmp_path):
+    """multiprocessing runs a callback before it marks the result ready: code that reads what
+    its callback stored right after get() or wait() finds it there. 1000 races, each way."""
+    same(tmp_path, """
+        def sq(x):
+            return x * x
+
+        def fail(x):
+            raise ValueError(x)
+
+        if __name__ == "__main__":
+            missed = {}
+            with mp.Pool(2) as p:
+                for i in range(250):
+                    for how in ("apply", "error", "map", "starmap"):
+                        box = []
+                        if how == "apply":
+                            r = p.apply_async(sq, (i,), callback=box.append)
+                        elif how == "error":
+                            r = p.apply_async(fail, (i,), error_callback=box.append)
+                        elif how == "map":
+                            r = p.map_async(sq, [i, i], callback=box.append)
+                        else:
+                            r = p.starmap_async(pow, [(i, 2)], callback=box.append)
+                        if i % 2:
+                            r.wait()
+                        else:
+                            try:
+                                r.get()
+                            except ValueError:
+                                pass
+                        if not (box and r.ready()):
+                            missed[how] = missed.get(how, 0) + 1
+                print("missed", missed)
+                box = []
+                r = p.apply_async(sq, (3,), callback=box.append)
+                print(r.get(), box, r.ready(), r.successful())
+        """, """\
+        missed {}
+        9 [9] True True
+        """)
+
+
+def test_a_pool_collected_while_running_warns_and_leaves_no_worker(tmp_path):
+    same(tmp_path, """
+        import gc, warnings
+
+        if __name__ == "__main__":
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                p = mp.Pool(1)
+                print(p.apply(abs, (-3,)))
+                del p
+                gc.collect()
+            print([str(w.message).split(" <")[0] for w in caught
+                   if issubclass(w.category, ResourceWarning)])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with mp.Pool(1) as p:
+                    p.close()
+                    p.join()
+                del p
+                gc.collect()
+            print(len([w for w in caught if issubclass(w.category, ResourceWarning)]))
+        """, """\
+        3
+        ['unclosed running multiprocessing pool']
+        0
+        """)
+
+
 def test_ferry_says_its_version():
     import ferry
 

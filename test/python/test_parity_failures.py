@@ -276,3 +276,76 @@ def test_an_event_whose_waiters_were_killed_still_sets_where_torchs_can_hang(tmp
     assert code == 0 and out.startswith(semantics + "set() hung after "), out + err
     code, out, err = runs["ferry"]
     assert code == 0 and out == semantics + "set() returned after 200 kills\n", out + err
+
+
+# -- 9. what the standard library's own tests expect when something goes wrong ----------------
+
+def test_a_closed_queue_and_a_failing_input_fail_as_under_multiprocessing(tmp_path):
+    """get() and put() after close() raise at once (ValueError; a SimpleQueue's closed handle,
+    OSError), while another process still uses the queue; imap gives every result before an
+    input that raised, then its error; map raises it before any task runs; and a get() whose
+    producers are gone is caught by `except queue.Empty`, as a timed-out one is."""
+    same(tmp_path, """
+        import queue
+
+        def sq(x):
+            return x * x
+
+        def inputs(n, ran):
+            for i in range(n):
+                if i == 3:
+                    raise KeyError("input 3")
+                ran.append(i)
+                yield i
+
+        def echo(q, out):
+            out.put(q.get() + 1)
+
+        def nothing(q):
+            pass
+
+        if __name__ == "__main__":
+            for make in (mp.Queue, mp.JoinableQueue, mp.SimpleQueue):
+                q, out = make(), mp.Queue()
+                p = mp.Process(target=echo, args=(q, out))
+                p.start()
+                q.put(41)
+                q.close()
+                for call in (q.get, lambda: q.put(1)):
+                    try:
+                        call()
+                    except (ValueError, OSError) as e:
+                        print(type(e).__name__, end=" ")
+                print(out.get(timeout=30))
+                p.join()
+            with mp.Pool(2) as pool:
+                for chunksize in (1, 2):
+                    got = []
+                    try:
+                        for v in pool.imap(sq, inputs(6, []), chunksize):
+                            got.append(v)
+                    except KeyError as e:
+                        got.append(repr(e))
+                    print(got)
+                ran = []
+                try:
+                    pool.map(sq, inputs(6, ran), 2)
+                except KeyError as e:
+                    print(repr(e), ran)
+            q = mp.Queue()
+            p = mp.Process(target=nothing, args=(q,))
+            p.start()
+            p.join()
+            try:
+                q.get(timeout=2)
+            except queue.Empty:
+                print("Empty")
+        """, """\
+        ValueError ValueError 42
+        ValueError ValueError 42
+        OSError OSError 42
+        [0, 1, 4, "KeyError('input 3')"]
+        [0, 1, "KeyError('input 3')"]
+        KeyError('input 3') [0, 1, 2]
+        Empty
+        """)
