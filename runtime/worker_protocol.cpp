@@ -190,9 +190,16 @@ std::vector<at::Tensor> text_tensors(const std::string& text, std::size_t room) 
   return pieces(text.substr(0, kept) + note);
 }
 
+bool detail_needs_shared_memory(const std::string& detail) noexcept {
+  return detail.size() > wire::kInlineBytes * kMaxDetailPieces;
+}
+
 std::vector<at::Tensor> detail_tensors(const std::string& detail) {
-  if (detail.empty() || detail.size() > wire::kInlineBytes * kMaxDetailPieces) return {};
-  return pieces(detail);
+  if (detail.empty()) return {};
+  if (!detail_needs_shared_memory(detail)) return pieces(detail);
+  at::Tensor all = at::empty({static_cast<std::int64_t>(detail.size())}, at::kByte);
+  std::memcpy(all.data_ptr(), detail.data(), detail.size());
+  return {std::move(all)};
 }
 
 std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from, std::size_t to) {

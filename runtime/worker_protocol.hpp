@@ -99,9 +99,12 @@ std::vector<at::Tensor> text_tensors(const std::string& text,
                                      std::size_t room = kMaxTensorsPerTask);
 // Pieces a failure's detail may take, so its text keeps at least half of the reply.
 inline constexpr std::size_t kMaxDetailPieces = kMaxTensorsPerTask / 2;
-// A failure's detail as pieces like text_tensors(), never cut: none when it is empty or would
-// take more than kMaxDetailPieces (a detail is all or nothing).
+// A failure's detail, never cut: none when it is empty; pieces like text_tensors() while it fits
+// in kMaxDetailPieces of them; past that, one tensor of it all, which travels in shared memory
+// (a task's large exception arrives as itself), so the sender must be ready to fail without it.
 std::vector<at::Tensor> detail_tensors(const std::string& detail);
+// Whether detail_tensors(detail) needs shared memory to travel.
+bool detail_needs_shared_memory(const std::string& detail) noexcept;
 // The bytes of message[from], message[from + 1]... before message[to], joined;
 // Error(bad_record) when one is not text.
 std::string tensors_text(const std::vector<at::Tensor>& message, std::size_t from,

@@ -48,7 +48,8 @@ using TaskFn = std::function<Tensors(TaskContext&, Tensors)>;
 
 // What a task throws to fail with, besides its message, a detail its caller's runtime reads
 // (TaskError::detail()): the Python package sends the pickled exception, so its caller re-raises
-// the task's own. A detail over protocol::kMaxDetailPieces pieces (5.5 KiB) is left behind.
+// the task's own. A detail over protocol::kMaxDetailPieces pieces (5.5 KiB) travels in shared
+// memory, and is left behind only where there is none.
 class TaskFailure : public std::runtime_error {
  public:
   TaskFailure(const std::string& message, std::string detail)

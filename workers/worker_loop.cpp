@@ -188,14 +188,29 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   if (failed && error.empty()) error = "(an exception with no message)";
   // A failed task's reply travels in its records alone (text_tensors): it cannot fail for want
   // of shared memory.
+  // A detail too large for the records needs shared memory; where there is none, the failure
+  // goes without it (the text still says what the task raised), as it went before.
   auto fail_with = [&](const std::string& text) {
     reply.ok = false;
-    Tensors tail = protocol::detail_tensors(detail);
-    reply.detail_pieces = static_cast<std::uint32_t>(tail.size());
-    Tensors m = protocol::text_tensors(text, protocol::kMaxTensorsPerTask - tail.size());
-    m.insert(m.begin(), protocol::pack(reply));
-    m.insert(m.end(), tail.begin(), tail.end());
-    results.send(m);
+    auto send = [&](const Tensors& tail) {
+      reply.detail_pieces = static_cast<std::uint32_t>(tail.size());
+      Tensors m = protocol::text_tensors(text, protocol::kMaxTensorsPerTask - tail.size());
+      m.insert(m.begin(), protocol::pack(reply));
+      m.insert(m.end(), tail.begin(), tail.end());
+      results.send(m);
+    };
+    if (!protocol::detail_needs_shared_memory(detail))
+      return send(protocol::detail_tensors(detail));
+    try {
+      send(protocol::detail_tensors(detail));
+    } catch (const Error& e) {
+      if (e.code() == Errc::peer_dead || e.code() == Errc::closed) throw;
+      log().warn(
+          "task {}: its error's detail ({} bytes) could not be sent: {}; the error goes "
+          "without it",
+          env.task_id, detail.size(), e.what());
+      send({});
+    }
   };
   try {
     if (!error.empty()) {

@@ -1,8 +1,9 @@
 """A task's exception, raised in the caller as itself.
 
 In the worker, failure() gives the error's words (its type, message and the worker's traceback)
-and the exception itself, pickled, once it has been checked to unpickle. The words are the
-ferry.TaskError's message; the pickle rides along as its detail (ferry::TaskFailure). In the
+and the exception itself with that traceback, pickled, once it has been checked to unpickle. The
+words are the ferry.TaskError's message, cut to what a reply's records hold; the pickle rides
+along whole as its detail (ferry::TaskFailure; in shared memory when it is large). In the
 caller, raised() turns that TaskError into what to raise: the task's own exception, with the
 worker's traceback as its __cause__ (a multiprocessing.pool.RemoteTraceback, as multiprocessing
 gives it), so `except ValueError` catches a task's ValueError. Only an exception that cannot
@@ -18,13 +19,14 @@ from . import _C
 
 
 def failure(e):
-    """(words, pickled exception or b"") for exception `e` raised by a task in this worker."""
+    """(words, pickled (exception, traceback text) or b"") for exception `e` raised by a task in
+    this worker."""
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     words = f"{type(e).__name__}: {e}\n\nworker traceback:\n{text}"
     try:
         from . import _pickle
 
-        payload, _ = _pickle.dumps(e, 0, functions="auto")
+        payload, _ = _pickle.dumps((e, text), 0, functions="auto")
         pickle.loads(payload)  # one that pickles but cannot be rebuilt stays a TaskError
     except Exception:
         payload = b""
@@ -53,14 +55,12 @@ def _raised(err, name):
     detail = getattr(err, "detail", b"")
     if detail:
         try:
-            exc = pickle.loads(detail)
+            exc, tb = pickle.loads(detail)
         except Exception:
             exc = None
         if isinstance(exc, BaseException):
             where = (f"ferry: task {name!r} (input {err.index}) in worker {err.worker} "
                      f"({err.device}, pid {err.pid})")
-            words = err.message
-            tb = words.split("\n\nworker traceback:\n", 1)[-1]
             exc.__cause__ = RemoteTraceback(f'\n"""\n{where}\n{tb}"""')
             return exc
     renamed = type(err)(_C.describe_task_error(err.code, name, err.index, err.worker, err.device,

@@ -349,3 +349,29 @@ def test_a_closed_queue_and_a_failing_input_fail_as_under_multiprocessing(tmp_pa
         KeyError('input 3') [0, 1, 2]
         Empty
         """)
+
+
+def test_a_large_exception_arrives_as_itself_with_its_traceback(tmp_path):
+    """An exception that pickles is raised in the caller as itself whatever its size: its text
+    whole, its worker's traceback as its cause (ferry's was a TaskError past 5.5 KiB)."""
+    same(tmp_path, """
+        from multiprocessing.pool import RemoteTraceback
+
+        def boom(n):
+            raise ValueError("x" * n + "!")
+
+        if __name__ == "__main__":
+            with mp.Pool(1) as p:
+                for n in (1 << 20, 64 << 20):
+                    try:
+                        p.apply(boom, (n,))
+                    except ValueError as e:
+                        cause = e.__cause__
+                        print(len(str(e)) == n + 1, str(e).endswith("!"),
+                              isinstance(cause, RemoteTraceback), "in boom" in str(cause))
+                print(p.apply(abs, (-1,)))
+        """, """\
+        True True True True
+        True True True True
+        1
+        """)

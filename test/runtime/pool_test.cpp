@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "../fill_filesystem.hpp"
+#include "../workers/sized_detail.hpp"
 #include "ipc/cuda/fork_safety.hpp"
 #include "ipc/process.hpp"
 #include "ipc/wire.hpp"
@@ -235,6 +236,35 @@ TEST_CASE("a worker whose results find no shared memory fails the task with why,
     for (const Tensors& r : held) {
       if (r.at(0).abs().sum().item<double>() != 0) throw std::runtime_error("a result changed");
     }
+  });
+}
+
+TEST_CASE("a large detail that finds no shared memory stays behind, and the failure still comes",
+          "[tmpfs]") {
+  test::in_child([] {
+    const std::string shm = test::private_tmpfs(8 << 20);
+    ::setenv("FERRY_ARENA_SEGMENT_MB", "1", 1);
+    Pool pool(cpu_pool(1));
+    auto fail = [&](std::size_t bytes) {
+      try {
+        pool.submit("fail_with_sized_detail", {at::scalar_tensor(std::int64_t(bytes), at::kLong)})
+            .get();
+      } catch (const TaskError& e) {
+        return std::make_pair(std::string(e.message()), e.detail().size());
+      }
+      throw std::runtime_error("the task returned");
+    };
+    const std::size_t large = std::size_t{2} << 20;
+    if (fail(large).second != large) throw std::runtime_error("with room, the detail did not come");
+    test::fill_filesystem(shm);
+    // Larger than the worker's arena has kept from the first one: it needs a segment more.
+    const std::size_t larger = std::size_t{3} << 20;
+    const auto [message, detail] = fail(larger);
+    if (detail != 0 || message.find(std::to_string(larger) + " bytes") == std::string::npos) {
+      throw std::runtime_error("got '" + message + "' and a detail of " + std::to_string(detail) +
+                               " bytes");
+    }
+    if (pool.stats().workers[0].restarts != 0) throw std::runtime_error("the worker restarted");
   });
 }
 
@@ -524,13 +554,18 @@ TEST_CASE("a task that fails with a TaskFailure hands its detail to the caller")
       CHECK(std::memcmp(e.detail().data(), d.data_ptr(), n) == 0);
     }
   }
-  // Past its room a detail stays behind, all of it; the message still comes.
-  try {
-    pool.submit("fail_with_detail", {bytes(most + 1)}).get();
-    FAIL("the task returned");
-  } catch (const TaskError& e) {
-    CHECK(e.detail().empty());
-    CHECK_THAT(e.message(), Catch::Contains(std::to_string(most + 1) + " bytes"));
+  // Past the records' room it comes whole through shared memory (a Python task's large
+  // exception arrives as itself).
+  for (std::size_t n : {most + 1, std::size_t{8} << 20}) {
+    try {
+      pool.submit("fail_with_sized_detail", {at::scalar_tensor(std::int64_t(n), at::kLong)}).get();
+      FAIL("the task returned");
+    } catch (const TaskError& e) {
+      INFO(n);
+      CHECK_THAT(e.message(), Catch::Contains(std::to_string(n) + " bytes"));
+      REQUIRE(e.detail().size() == n);
+      CHECK(e.detail() == test::sized_detail(n));
+    }
   }
   // A plain exception has none.
   try {

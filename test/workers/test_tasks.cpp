@@ -16,6 +16,7 @@
 
 #include "runtime/shared_module.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "sized_detail.hpp"
 #include "workers/task_registry.hpp"
 
 namespace {
@@ -47,6 +48,13 @@ FERRY_TASK("fail_with_detail", [](TaskContext&, Tensors in) -> Tensors {
   throw ferry::TaskFailure(
       "failed with a detail of " + std::to_string(d.numel()) + " bytes",
       std::string(static_cast<const char*>(d.data_ptr()), static_cast<std::size_t>(d.numel())));
+});
+
+// Fails as fail_with_detail, with a detail of in[0] bytes (a long scalar): sized_detail(n).
+FERRY_TASK("fail_with_sized_detail", [](TaskContext&, Tensors in) -> Tensors {
+  const auto n = static_cast<std::size_t>(in.at(0).item<std::int64_t>());
+  throw ferry::TaskFailure("failed with a detail of " + std::to_string(n) + " bytes",
+                           ferry::test::sized_detail(n));
 });
 
 // The program's start for each worker (set_worker_start): counts its runs, and throws when the

@@ -87,16 +87,27 @@ TEST_CASE("an error's text travels in pieces that fit in their records, and join
   CHECK(protocol::tensors_text(less, 0, 3) == std::string(3 * piece, 'y'));
 }
 
-TEST_CASE("a failure's detail travels whole or not at all, and its envelope says how long") {
+TEST_CASE(
+    "a failure's detail travels whole, in records while it fits, and its envelope says "
+    "how long") {
   const std::size_t piece = wire::kInlineBytes;
   const std::size_t most = piece * protocol::kMaxDetailPieces;
   CHECK(protocol::detail_tensors("").empty());
-  CHECK(protocol::detail_tensors(std::string(most + 1, 'd')).empty());
   for (const std::size_t n : {std::size_t{1}, piece, piece + 1, most}) {
     const std::string detail(n, static_cast<char>(n % 200));
     const std::vector<at::Tensor> m = protocol::detail_tensors(detail);
     CHECK(m.size() == (n + piece - 1) / piece);
     CHECK(protocol::tensors_text(m, 0) == detail);
+    CHECK_FALSE(protocol::detail_needs_shared_memory(detail));
+  }
+  // Past the records' room: one tensor of it all, which shared memory carries.
+  for (const std::size_t n : {most + 1, std::size_t{3} << 20}) {
+    std::string detail(n, 'd');
+    detail.back() = 'e';
+    const std::vector<at::Tensor> m = protocol::detail_tensors(detail);
+    CHECK(m.size() == 1);
+    CHECK(protocol::tensors_text(m, 0) == detail);
+    CHECK(protocol::detail_needs_shared_memory(detail));
   }
   protocol::ResultEnvelope e;
   e.task_id = 7;
