@@ -136,6 +136,17 @@ void bind_pool(py::module_& m) {
           },
           "tasks one worker holds at most; 0: the pool chooses by how long they take")
       .def_property(
+          "max_tasks_per_worker", [](const PoolOptions& o) { return o.max_tasks_per_worker; },
+          [](PoolOptions& o, std::int64_t v) {
+            if (v < 0) {
+              throw Error(Errc::invalid_argument,
+                          "max_tasks_per_worker=" + std::to_string(v) +
+                              ": give 1 or more tasks per worker process, or 0 for no end");
+            }
+            o.max_tasks_per_worker = static_cast<std::uint64_t>(v);
+          },
+          "tasks a worker process runs before a fresh one replaces it; 0: no end")
+      .def_property(
           "task_timeout",
           [](const PoolOptions& o) -> std::optional<double> {
             if (o.task_timeout.count() == 0) return std::nullopt;

@@ -70,10 +70,11 @@ py::dict pool_stats_dict(const PoolStats& s) {
     workers.append(py::dict(
         "id"_a = w.id, "device"_a = w.device, "pid"_a = w.pid, "tasks_done"_a = w.tasks_done,
         "tasks_failed"_a = w.tasks_failed, "tasks_lost"_a = w.tasks_lost, "restarts"_a = w.restarts,
-        "preludes_sent"_a = w.preludes_sent, "timeouts"_a = w.timeouts, "last_exit"_a = w.last_exit,
-        "given_up"_a = w.given_up, "limit"_a = w.limit, "remote"_a = w.remote,
-        "tensors_zero_copy"_a = w.tensors_zero_copy, "bytes_zero_copy"_a = w.bytes_zero_copy,
-        "tensors_copied"_a = w.tensors_copied, "bytes_copied"_a = w.bytes_copied));
+        "replaced"_a = w.replaced, "preludes_sent"_a = w.preludes_sent, "timeouts"_a = w.timeouts,
+        "last_exit"_a = w.last_exit, "given_up"_a = w.given_up, "limit"_a = w.limit,
+        "remote"_a = w.remote, "tensors_zero_copy"_a = w.tensors_zero_copy,
+        "bytes_zero_copy"_a = w.bytes_zero_copy, "tensors_copied"_a = w.tensors_copied,
+        "bytes_copied"_a = w.bytes_copied));
   }
   return py::dict("workers"_a = workers, "submitted"_a = s.submitted, "completed"_a = s.completed,
                   "failed"_a = s.failed, "retried"_a = s.retried,

@@ -70,7 +70,8 @@ PoolOptions checked(PoolOptions o) {
 struct Pool::State {
   explicit State(PoolOptions o)
       : opt(std::move(o)),
-        board(static_cast<int>(opt.devices.size()), opt.max_inflight_per_worker, opt.max_retries),
+        board(static_cast<int>(opt.devices.size()), opt.max_inflight_per_worker, opt.max_retries,
+              opt.max_tasks_per_worker),
         dispatcher(board),
         collector(board, dispatcher),
         fleet(board, dispatcher, collector, opt.devices) {}

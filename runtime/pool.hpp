@@ -62,6 +62,10 @@ struct PoolOptions {
   // pool chooses for each worker, 3 to 16, deeper the shorter its tasks (queue_depth.hpp).
   int max_inflight_per_worker = 0;
   int max_retries = 2;  // times a task lost with its worker is tried again
+  // Tasks one worker process runs before it is replaced by a fresh one (multiprocessing's
+  // maxtasksperchild: what native code leaks goes with it); 0: it lives as long as the pool.
+  // Its tasks' results all come back first, and none is retried for it.
+  std::uint64_t max_tasks_per_worker = 0;
   // A task that runs longer kills its worker (handled like a crash). 0: no limit. Measured from
   // when the worker could start it (its earlier tasks done), not from submit().
   std::chrono::milliseconds task_timeout{0};

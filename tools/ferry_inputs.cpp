@@ -71,6 +71,10 @@ void add_pool_options(CLI::App* cmd, RunArgs& a) {
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
       ->check(CLI::Range(0, 100));
+  cmd->add_option("--max-tasks-per-worker", a.max_tasks_per_worker,
+                  "tasks a worker process runs before a fresh one replaces it, as "
+                  "multiprocessing's maxtasksperchild (0: no end)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   cmd->add_option("--max-failed-starts", a.restart.max_failed_starts,
                   "failed starts in a row, any cause, before a worker slot is given up")
       ->check(CLI::Range(1, 1000));
@@ -194,6 +198,7 @@ ferry::PoolOptions pool_options(const RunArgs& a) {
   o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
   o.shared_allocations = a.shared_allocations == "on";
   o.max_retries = a.retries;
+  o.max_tasks_per_worker = static_cast<std::uint64_t>(a.max_tasks_per_worker);
   o.restart = a.restart;
   o.restart.backoff = std::chrono::milliseconds(a.backoff_ms);
   o.restart.backoff_max = std::chrono::milliseconds(a.backoff_max_ms);

@@ -28,6 +28,7 @@ struct RunArgs {
   int timeout_ms = 0;
   std::string shared_allocations = "on";  // PoolOptions::shared_allocations
   int retries = 2;
+  std::int64_t max_tasks_per_worker = 0;  // PoolOptions::max_tasks_per_worker
   ferry::RestartPolicy restart;
   int backoff_ms = static_cast<int>(restart.backoff.count());
   int backoff_max_ms = static_cast<int>(restart.backoff_max.count());

@@ -95,6 +95,7 @@ void print_json(const RunArgs& a, const RunOutcome& r) {
                        {"failed", w.tasks_failed},
                        {"lost", w.tasks_lost},
                        {"restarts", w.restarts},
+                       {"replaced", w.replaced},
                        {"timeouts", w.timeouts},
                        {"given_up", w.given_up},
                        {"last_exit", w.last_exit},

@@ -305,16 +305,18 @@ class IMapIterator:
 class Pool:
     """Worker processes that run Python calls, on a device list.
 
-    Pool(processes=None, initializer=None, initargs=(), *, devices=None, retries=2,
-         maxtasks_inflight=None, task_timeout=None, start_timeout=60, threads_per_worker=0,
-         shared_allocations=True)
+    Pool(processes=None, initializer=None, initargs=(), maxtasksperchild=None, *, devices=None,
+         retries=2, maxtasks_inflight=None, task_timeout=None, start_timeout=60,
+         threads_per_worker=0, shared_allocations=True)
 
     One worker per entry of `devices` (e.g. ["cuda:0", "cuda:1", "cpu"]), else `processes` CPU
     workers (default: one per core). A task sees its worker with ferry.worker_info(). A killed
     worker is restarted and its tasks tried again up to `retries` times; a task's exception is
     raised in the caller as itself, with the worker's traceback as its __cause__ (ferry.TaskError
     only where it cannot be pickled). A worker holds at most `maxtasks_inflight` tasks; None lets
-    the pool choose for each worker, 3 to 16, deeper the shorter its tasks.
+    the pool choose for each worker, 3 to 16, deeper the shorter its tasks. With
+    `maxtasksperchild`, a worker process that has run that many tasks (a map's chunk is one) is
+    replaced by a fresh one, whose initializer runs again, once their results are in.
 
     The functions of the script being run share one namespace in each worker, as under
     multiprocessing: what the initializer sets in a global, the tasks see. Queues (ferry's and
@@ -344,9 +346,10 @@ class Pool:
                  start_timeout=60.0, threads_per_worker=0, shared=None, listen=None,
                  secret_file=None, wait_hosts=0, join_timeout=10.0, heartbeat=0.5,
                  lost_after=5.0, shared_allocations=True):
-        if maxtasksperchild is not None:
-            raise ValueError("maxtasksperchild is not supported: ferry's workers hold no state "
-                             "between tasks but what the task keeps; leave it None")
+        if maxtasksperchild is not None and (isinstance(maxtasksperchild, bool) or
+                                             not isinstance(maxtasksperchild, int) or
+                                             maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         devices = _devices(processes, devices)
@@ -387,6 +390,7 @@ class Pool:
         options = _C.PoolOptions(devices=devices, executable=executable, args=args,
                                  config=config, retries=retries,
                                  maxtasks_inflight=maxtasks_inflight or 0,
+                                 max_tasks_per_worker=maxtasksperchild or 0,
                                  task_timeout=task_timeout, start_timeout=start_timeout,
                                  threads_per_worker=threads_per_worker,
                                  shared_allocations=bool(shared_allocations))

@@ -30,7 +30,7 @@ namespace ferry::supervisor {
 
 struct Board {
   // `here` slots for this machine's workers (numbered 0..here-1, as in the book).
-  Board(int here, int per_worker, int max_retries);
+  Board(int here, int per_worker, int max_retries, std::uint64_t tasks_per_life);
 
   mutable std::mutex mu;
   std::condition_variable changed;  // room for submitters, drain progress for close()

@@ -36,7 +36,8 @@ class LocalSlot : public Slot {
 
   std::optional<TensorQueue> tasks;  // while the worker takes tasks
   std::string kill_request;          // a collector or dispatcher asks the monitor to kill it
-  bool started_once = false;         // later starts are restarts
+  bool started_once = false;         // later starts are restarts...
+  bool retired = false;              // ...but those after a retirement (tasks per life)
 
  private:
   std::uint64_t process_ = 0;  // which process the queue is: bumped by open()

@@ -21,8 +21,9 @@ struct WorkerStats {
   std::uint64_t tasks_done = 0;    // results delivered
   std::uint64_t tasks_failed = 0;  // tasks that threw here
   std::uint64_t tasks_lost = 0;    // in flight when it died (retried or failed)
-  std::uint64_t restarts = 0;
-  std::uint64_t timeouts = 0;  // kills for a task past task_timeout
+  std::uint64_t restarts = 0;      // after a crash, a kill or a failed start
+  std::uint64_t replaced = 0;      // processes retired after max_tasks_per_worker tasks
+  std::uint64_t timeouts = 0;      // kills for a task past task_timeout
   // Preludes sent with a task (runtime/prelude.hpp): once per prelude per process, more only
   // when it had to forget one for want of room, or a host's (whose link carries one each time).
   std::uint64_t preludes_sent = 0;

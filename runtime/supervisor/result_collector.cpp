@@ -27,6 +27,7 @@ std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
     pid = ws.pid;
     device = ws.device;
     if (t) board_.changed.notify_all();
+    if (t && board_.book.life_spent(w)) board_.monitor.rouse();  // to replace it now
   }
   if (!t) return std::nullopt;  // stale: that attempt had ended (cancelled, or timed out)
   std::string text;

@@ -6,9 +6,10 @@
 
 namespace ferry::supervisor {
 
-TaskBook::TaskBook(int workers, int per_worker, int max_retries)
+TaskBook::TaskBook(int workers, int per_worker, int max_retries, std::uint64_t tasks_per_life)
     : capacity_(0),
       max_retries_(static_cast<std::uint32_t>(max_retries)),
+      tasks_per_life_(tasks_per_life),
       workers_(static_cast<std::size_t>(workers)) {
   for (Worker& w : workers_) {
     if (per_worker == 0) w.depth.emplace();
@@ -30,6 +31,15 @@ TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
 
 void TaskBook::set_open(int worker, bool open) {
   workers_.at(worker).open = open;
+}
+
+void TaskBook::begin_life(int worker) {
+  workers_.at(worker).given = 0;
+}
+
+bool TaskBook::life_spent(int worker) const {
+  const Worker& w = workers_.at(worker);
+  return life_ended(w) && w.handed.empty();
 }
 
 int TaskBook::add_worker(std::size_t limit) {
@@ -61,7 +71,8 @@ std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
     return std::make_pair(w == task->last_worker, workers_[w].handed.size());
   };
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
-    if (!workers_[w].open || workers_[w].handed.size() >= workers_[w].limit) continue;
+    const Worker& x = workers_[w];
+    if (!x.open || x.handed.size() >= x.limit || life_ended(x)) continue;
     if (best < 0 || rank(w) < rank(best)) best = w;
   }
   if (best < 0) return std::nullopt;
@@ -71,6 +82,7 @@ std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
   Worker& w = workers_[best];
   if (w.handed.empty()) w.head_since = now;
   w.handed.push_back(h.task->id);
+  ++w.given;
   h.task->worker = best;
   h.attempt = ++h.task->attempts;
   h.worker = best;
@@ -118,8 +130,9 @@ TaskPtr TaskBook::hand_over_failed(const HandOver& h) {
   if (it == open_.end() || h.task->worker != h.worker || h.task->attempts != h.attempt) {
     return nullptr;
   }
-  auto& handed = workers_.at(h.worker).handed;
-  handed.erase(std::remove(handed.begin(), handed.end(), h.task->id), handed.end());
+  Worker& w = workers_.at(h.worker);
+  w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), h.task->id), w.handed.end());
+  if (w.given > 0) --w.given;  // it never reached the process
   ++failed_;
   return end(h.task->id);
 }

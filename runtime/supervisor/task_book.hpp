@@ -8,6 +8,8 @@
 //   order       pending tasks go out oldest first; a task lost with its worker goes back to the
 //               front, to another worker when there is one;
 //   retries     a task lost on 1 + max_retries hand-overs fails with the last loss as its reason;
+//   lives       with tasks_per_life, a worker's process is handed that many tasks at most; once
+//               their results are in, life_spent() says to replace it (maxtasksperchild);
 //   exactly once every admitted task leaves the book once, by complete(), a failure list, or
 //               take_all(); a result for an attempt that is no longer current is stale.
 // A task's life:
@@ -73,7 +75,8 @@ struct WorkerCounts {
 class TaskBook {
  public:
   // `per_worker` tasks at most in each worker, or 0: as many as QueueDepth chooses for it.
-  TaskBook(int workers, int per_worker, int max_retries);
+  // `tasks_per_life` hand-overs at most to each process of a worker here, or 0: no end.
+  TaskBook(int workers, int per_worker, int max_retries, std::uint64_t tasks_per_life = 0);
 
   std::size_t capacity() const noexcept { return capacity_; }
   std::size_t open() const noexcept { return open_.size(); }
@@ -86,6 +89,12 @@ class TaskBook {
   // Whether `worker` takes hand-overs (a worker is open once it handshook, closed when it is
   // going). A closed worker keeps its tasks until worker_lost() or complete().
   void set_open(int worker, bool open);
+
+  // A new process of `worker` (a local one) starts its life: its hand-overs count from 0.
+  void begin_life(int worker);
+  // Whether `worker`'s process has been handed its tasks_per_life and every result is in: it
+  // takes no more hand-overs, and is to be replaced.
+  bool life_spent(int worker) const;
 
   // A worker that comes later (a host joining a running pool), closed until set_open, with room
   // for `limit` tasks: the book's capacity grows by that much. It keeps its own time limits, so
@@ -135,15 +144,22 @@ class TaskBook {
     bool open = false;
     std::size_t limit = 0;            // tasks handed to it at most
     std::optional<QueueDepth> depth;  // chooses `limit`, where the pool does
-    bool timed = true;                // overdue() looks at it
+    bool timed = true;                // overdue() looks at it; false for a host, which also
+                                      // has no lives here (its own pool counts them)
+    std::uint64_t given = 0;          // hand-overs to the current process (tasks_per_life_)
     std::deque<TaskId> handed;        // in hand-over order: it runs them in that order
     Clock::time_point head_since;     // when handed.front() could start
     WorkerCounts counts;
   };
   TaskPtr end(TaskId id);  // out of the book
 
+  bool life_ended(const Worker& w) const noexcept {
+    return tasks_per_life_ != 0 && w.timed && w.given >= tasks_per_life_;
+  }
+
   std::size_t capacity_;
   std::uint32_t max_retries_;
+  std::uint64_t tasks_per_life_;
   std::vector<Worker> workers_;
   std::unordered_map<TaskId, TaskPtr> open_;
   std::deque<TaskPtr> pending_;

@@ -82,8 +82,10 @@ void WorkerFleet::finish_start(int w) {
     x.kill_request.clear();
     x.stats.pid = p.pid();
     x.stats.start = start_name(p.started_by());
-    if (x.started_once) ++x.stats.restarts;
+    if (x.started_once && !x.retired) ++x.stats.restarts;  // a replacement is no restart
     x.started_once = true;
+    x.retired = false;
+    board_.book.begin_life(w);
     board_.book.set_open(w, true);
   }
   dispatcher_.dispatch();
@@ -137,19 +139,30 @@ void WorkerFleet::exited(int w) {
     board_.book.set_open(w, false);
     board_.here[w]->tasks.reset();
   }
+  // A process that retired after its tasks per life and then exited by itself is replaced, not
+  // restarted: no warning, and its (answered) tasks are none to retry.
+  const bool retiring = p.retiring() && p.kill_reason().empty();
   const std::string how = p.reap();  // joins the collector: every earlier result is in
   // Views on the worker's memory are moved or marked now rather than at the next check.
   notify_peer_exit(pid);
   std::vector<TaskPtr> lost;
   {
     std::lock_guard<std::mutex> lock(board_.mu);
-    if (!board_.stopping) log().warn("worker {} ({}, pid {}) {}", w, p.device(), pid, how);
+    const bool retired = retiring && how == "exited with code 0";
+    if (retired) {
+      log().debug("worker {} ({}, pid {}) ran its tasks per life and was replaced", w, p.device(),
+                  pid);
+    } else if (!board_.stopping) {
+      log().warn("worker {} ({}, pid {}) {}", w, p.device(), pid, how);
+    }
     lost = board_.book.worker_lost(w, "worker " + std::to_string(w) + " (" + p.device() + ", pid " +
                                           std::to_string(pid) + ") " + how);
     LocalSlot& x = *board_.here[w];
     x.kill_request.clear();
     x.stats.last_exit = how;
     x.stats.pid = -1;
+    x.retired = retired;
+    if (retired) ++x.stats.replaced;
     board_.changed.notify_all();
   }
   end_lost(lost, p.device());
@@ -180,6 +193,29 @@ void WorkerFleet::kill_due() {
   for (const auto& [w, why] : kills) workers_[w]->kill(why);
 }
 
+// Workers whose process has run its tasks per life (PoolOptions::max_tasks_per_worker), every
+// result in: each gets its stop token, and one that does not exit in time is killed.
+void WorkerFleet::retire_due() {
+  std::vector<int> spent;
+  {
+    std::lock_guard<std::mutex> lock(board_.mu);
+    for (std::size_t i = 0; i < board_.here.size(); ++i) {
+      const int w = static_cast<int>(i);
+      const WorkerProcess& p = *workers_[i];
+      if (p.phase() != Phase::Ready || p.retiring() || !board_.book.life_spent(w)) continue;
+      board_.book.set_open(w, false);
+      spent.push_back(w);
+    }
+  }
+  for (int w : spent) workers_[w]->retire(opt_.stop_timeout);
+  for (auto& p : workers_) {
+    if (p->phase() == Phase::Ready && p->retiring() && Clock::now() >= p->retire_deadline()) {
+      p->kill("it did not exit within " + std::to_string(opt_.stop_timeout.count()) +
+              " ms of its stop token, after its tasks per life");
+    }
+  }
+}
+
 // One round of the monitor: wait for something to happen, then act on all of it.
 void WorkerFleet::round() {
   std::vector<pollfd> watch;
@@ -197,6 +233,7 @@ void WorkerFleet::round() {
       until = std::min(until, p.start_deadline());
     }
     if (p.phase() == Phase::Down) until = std::min(until, p.restart_at());
+    if (p.phase() == Phase::Ready && p.retiring()) until = std::min(until, p.retire_deadline());
   }
   {
     std::lock_guard<std::mutex> lock(board_.mu);
@@ -222,6 +259,7 @@ void WorkerFleet::round() {
     }
   }
   kill_due();
+  retire_due();
   const bool restarting = !board_.is_stopping();
   for (std::size_t i = 0; i < workers_.size() && restarting; ++i) {
     const WorkerProcess& p = *workers_[i];

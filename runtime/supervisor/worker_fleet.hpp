@@ -6,7 +6,8 @@
 // monitor (monitor.hpp) for a death, a start-up answer, a deadline or a rouse, then acts on all
 // of it: finishes starts and opens their slots, carries out the restart policy's answer to a
 // failed start, hands a dead worker's tasks back (after its collector delivered every earlier
-// result), kills what was asked for or ran past task_timeout, and restarts what is due. Nothing
+// result), kills what was asked for or ran past task_timeout, retires a process that ran its
+// tasks per life (its exit starts a fresh one), and restarts what is due. Nothing
 // escapes the thread: an exception becomes the pool's error (every task fails with it).
 #pragma once
 
@@ -56,6 +57,7 @@ class WorkerFleet {
   void start_failed(int w, const StartFailure& f);
   void exited(int w);
   void kill_due();
+  void retire_due();
   void round();
   void stop_workers();
 

@@ -54,6 +54,7 @@ std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::v
                                                   pid_t supervisor) {
   const std::string name = who(id_, device_);
   kill_reason_.clear();
+  retiring_ = false;
   std::string executable;
   try {
     how_ = resolve_start(spec.start);
@@ -270,6 +271,14 @@ RestartDecision WorkerProcess::after_failed_start(const RestartPolicy& policy, S
 void WorkerProcess::after_exit() {
   phase_ = Phase::Down;
   restart_at_ = Clock::now();
+  retiring_ = false;
+}
+
+void WorkerProcess::retire(std::chrono::milliseconds grace) {
+  if (phase_ != Phase::Ready || retiring_ || !kill_reason_.empty()) return;
+  retiring_ = true;
+  retire_deadline_ = Clock::now() + grace;
+  request_stop();
 }
 
 void WorkerProcess::kill(const std::string& why) {

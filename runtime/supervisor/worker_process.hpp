@@ -7,6 +7,7 @@
 // slow start never delays noticing another worker's death.
 //
 //   Down --launch--> Starting --finish_start ok--> Ready --exited--> Down (restarted at once)
+//   Ready --retire (its tasks per life done)--> Ready, retiring --exited--> Down (at once)
 //   Starting --launch error | refusal | exit | deadline--> Down (after a back-off) | Failed
 //   any --stop--> Stopped
 // The restart policy (restart_policy.hpp) decides between Down and Failed.
@@ -103,6 +104,14 @@ class WorkerProcess {
 
   // Closes the task queue: the worker's stop token.
   void request_stop();
+
+  // Ready, every task of its life answered (TaskBook::life_spent): the stop token, so it exits
+  // as at a pool's close, and its exit is no crash. One that has not exited by `grace` from now
+  // is killed (retire_due()).
+  void retire(std::chrono::milliseconds grace);
+  bool retiring() const noexcept { return retiring_; }
+  // When a retiring process that has not exited is to be killed.
+  Clock::time_point retire_deadline() const noexcept { return retire_deadline_; }
   // Stopped, once the process (if any) has been reaped.
   void mark_stopped();
 
@@ -124,7 +133,8 @@ class WorkerProcess {
   std::string executable_;  // the spawned program, for messages
   std::optional<TensorQueue> tasks_, results_;
   std::thread collector_;
-  Clock::time_point start_deadline_{}, restart_at_{};
+  Clock::time_point start_deadline_{}, restart_at_{}, retire_deadline_{};
+  bool retiring_ = false;
   StartHistory history_;
   std::string kill_reason_;
 };

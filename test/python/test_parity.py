@@ -416,6 +416,47 @@ def test_a_pool_collected_while_running_warns_and_leaves_no_worker(tmp_path):
         """)
 
 
+def test_maxtasksperchild_replaces_a_worker_and_runs_its_initializer_again(tmp_path):
+    same(tmp_path, """
+        import collections
+
+        FOLDER = None
+
+        def init(folder):
+            global FOLDER
+            FOLDER = folder
+            open(os.path.join(folder, f"init-{os.getpid()}"), "w").close()
+
+        def task(i):
+            open(os.path.join(FOLDER, f"task-{os.getpid()}-{i}"), "w").close()
+            return i * i
+
+        if __name__ == "__main__":
+            folder = os.path.join(os.getcwd(), "marks-" + IMPL)
+            os.mkdir(folder)
+            with mp.Pool(2, initializer=init, initargs=(folder,), maxtasksperchild=2) as p:
+                print(p.map(task, range(10), chunksize=1))
+                print(sorted(p.imap_unordered(task, range(10, 14))))
+            names = os.listdir(folder)
+            inits = {n.split("-")[1] for n in names if n.startswith("init-")}
+            per_pid = collections.Counter(n.split("-")[1] for n in names if n.startswith("task-"))
+            print(sum(per_pid.values()), max(per_pid.values()) <= 2, len(per_pid) >= 7,
+                  set(per_pid) <= inits)
+            for bad in (0, -1, 1.5):
+                try:
+                    mp.Pool(1, maxtasksperchild=bad)
+                except ValueError as e:
+                    print(e)
+        """, """\
+        [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]
+        [100, 121, 144, 169]
+        14 True True True
+        maxtasksperchild must be a positive int or None
+        maxtasksperchild must be a positive int or None
+        maxtasksperchild must be a positive int or None
+        """)
+
+
 def test_ferry_says_its_version():
     import ferry
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -651,6 +652,36 @@ TEST_CASE("workers die with their supervisor, even when it is SIGKILLed") {
   test::wait_child(supervisor);
   CHECK(all_dead(pids, 2000ms));
   ::close(fds[0]);
+}
+
+TEST_CASE(
+    "a worker process runs its tasks per life, then a fresh one takes over, no task lost "
+    "or run twice") {
+  PoolOptions o = cpu_pool(2);
+  o.max_tasks_per_worker = 3;
+  Pool pool(o);
+  const int n = 40;
+  std::vector<decltype(pool.submit("whoami", {}))> results;
+  for (int i = 0; i < n; ++i) results.push_back(pool.submit("whoami", {}));
+  std::map<std::int64_t, int> per_process;
+  for (auto& r : results) ++per_process[r.get().at(0)[0].item<std::int64_t>()];
+  int tasks = 0;
+  for (const auto& [pid, count] : per_process) {
+    CHECK(count <= 3);
+    tasks += count;
+  }
+  CHECK(tasks == n);
+  CHECK(per_process.size() >= static_cast<std::size_t>((n + 2) / 3));
+  // Each fresh process ran the program's start again.
+  CHECK(pool.submit("starts", {}).get().at(0).item<std::int64_t>() == 1);
+  const PoolStats s = pool.stats();
+  std::uint64_t replaced = 0;
+  for (const WorkerStats& w : s.workers) {
+    CHECK(w.restarts == 0);  // a replacement is no restart
+    CHECK(w.tasks_lost == 0);
+    replaced += w.replaced;
+  }
+  CHECK(replaced + s.workers.size() >= per_process.size());
 }
 
 TEST_CASE("statistics count results zero-copied and copied, per worker") {

@@ -143,6 +143,28 @@ TEST_CASE("ferry run --json gives the summary as one document") {
   CHECK(tasks == 30);
 }
 
+TEST_CASE("ferry run --max-tasks-per-worker replaces each worker process after that many tasks") {
+  TempDir dir;
+  const Ran r =
+      run(dir, "run --json --task square --workers 2 --batches 30 --max-tasks-per-worker 4");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("tasks") == 30);
+  CHECK(j.at("failed") == 0);
+  std::uint64_t tasks = 0, replaced = 0;
+  for (const auto& w : j.at("workers")) {
+    tasks += w.at("tasks").get<std::uint64_t>();
+    replaced += w.at("replaced").get<std::uint64_t>();
+    CHECK(w.at("restarts") == 0);
+  }
+  CHECK(tasks == 30);
+  CHECK(replaced >= 30 / 4 - 2);  // 8 processes ran them, 2 of which may still be alive
+  const Ran bad = run(dir, "run --task square --max-tasks-per-worker -1");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--max-tasks-per-worker"));
+}
+
 TEST_CASE("ferry run's large results come back zero-copy, copied with --shared-allocations off") {
   TempDir dir;
   const std::string job = "run --json --task square --features 4096 --batches 20 --start spawn ";

@@ -253,4 +253,66 @@ TEST_CASE("task book: a fixed per-worker limit stays whatever the tasks take") {
   CHECK(book.capacity() == 2);
 }
 
+TEST_CASE(
+    "task book: a process is handed its tasks per life, and is spent once they are answered") {
+  TaskBook book(2, 4, 0, 3);  // 3 tasks per life
+  book.set_open(0, true);
+  for (std::size_t i = 0; i < 5; ++i) book.admit(task(i), t0);
+  std::vector<HandOver> handed;
+  while (auto h = book.next_hand_over(t0)) handed.push_back(*h);
+  // Worker 0 has room for 4 but takes 3; worker 1 is closed: two wait.
+  REQUIRE(handed.size() == 3);
+  CHECK_FALSE(book.life_spent(0));
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK_FALSE(book.life_spent(0));  // not while a result is still to come
+    book.complete(0, handed[i].task->id, handed[i].attempt, true, t0);
+  }
+  CHECK(book.life_spent(0));
+  CHECK_FALSE(book.next_hand_over(t0));
+  // The fresh process starts a life of its own.
+  book.begin_life(0);
+  CHECK_FALSE(book.life_spent(0));
+  auto h = book.next_hand_over(t0);
+  REQUIRE(h);
+  CHECK(h->task->index == 3);
+  CHECK(book.next_hand_over(t0));
+  CHECK(book.load(0) == 2);
+}
+
+TEST_CASE("task book: a hand-over that failed is no task of the life, and no limit without one") {
+  TaskBook book(1, 4, 0, 1);
+  book.set_open(0, true);
+  book.admit(task(0), t0);
+  book.admit(task(1), t0);
+  auto h = book.next_hand_over(t0);
+  REQUIRE(h);
+  CHECK_FALSE(book.next_hand_over(t0));  // its one task is out
+  REQUIRE(book.hand_over_failed(*h));    // ...but never reached it
+  CHECK_FALSE(book.life_spent(0));
+  auto again = book.next_hand_over(t0);
+  REQUIRE(again);
+  CHECK(again->task->index == 1);
+
+  TaskBook endless(1, 2, 0);  // tasks_per_life 0: no end
+  endless.set_open(0, true);
+  for (std::size_t i = 0; i < 50; ++i) {
+    endless.admit(task(i), t0);
+    auto x = endless.next_hand_over(t0);
+    REQUIRE(x);
+    endless.complete(0, x->task->id, x->attempt, true, t0);
+    CHECK_FALSE(endless.life_spent(0));
+  }
+}
+
+TEST_CASE("task book: a host's slot has no lives here (its own pool counts them)") {
+  TaskBook book(0, 2, 0, 1);
+  const int host = book.add_worker(4);
+  book.set_open(host, true);
+  for (std::size_t i = 0; i < 4; ++i) book.admit(task(i), t0);
+  int handed = 0;
+  while (book.next_hand_over(t0)) ++handed;
+  CHECK(handed == 4);
+  CHECK_FALSE(book.life_spent(host));
+}
+
 }  // namespace ferry::supervisor
