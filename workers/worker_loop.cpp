@@ -186,10 +186,9 @@ void handle(const Tensors& message, const protocol::Hello& hello,
   }
   // What a task threw with no words still fails it: the error's text is what says so below.
   if (failed && error.empty()) error = "(an exception with no message)";
-  // A failed task's reply travels in its records alone (text_tensors): it cannot fail for want
-  // of shared memory.
-  // A detail too large for the records needs shared memory; where there is none, the failure
-  // goes without it (the text still says what the task raised), as it went before.
+  // A failed task's reply travels in its records (text_tensors), so it cannot fail for want of
+  // shared memory; only a detail too large for them needs some, and where there is none the
+  // failure goes without it (the text still says what the task raised).
   auto fail_with = [&](const std::string& text) {
     reply.ok = false;
     auto send = [&](const Tensors& tail) {
@@ -199,12 +198,13 @@ void handle(const Tensors& message, const protocol::Hello& hello,
       m.insert(m.end(), tail.begin(), tail.end());
       results.send(m);
     };
-    if (!protocol::detail_needs_shared_memory(detail))
-      return send(protocol::detail_tensors(detail));
     try {
       send(protocol::detail_tensors(detail));
     } catch (const Error& e) {
-      if (e.code() == Errc::peer_dead || e.code() == Errc::closed) throw;
+      if (!protocol::detail_needs_shared_memory(detail) || e.code() == Errc::peer_dead ||
+          e.code() == Errc::closed) {
+        throw;
+      }
       log().warn(
           "task {}: its error's detail ({} bytes) could not be sent: {}; the error goes "
           "without it",

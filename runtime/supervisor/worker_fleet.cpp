@@ -8,6 +8,7 @@
 
 #include "ipc/arena.hpp"
 #include "ipc/log.hpp"
+#include "ipc/process.hpp"
 #include "runtime/peer_exit.hpp"
 #include "runtime/task_error.hpp"
 
@@ -148,7 +149,7 @@ void WorkerFleet::exited(int w) {
   std::vector<TaskPtr> lost;
   {
     std::lock_guard<std::mutex> lock(board_.mu);
-    const bool retired = retiring && how == "exited with code 0";
+    const bool retired = retiring && how == describe_wait_status(0);  // exit(kWorkerStopped)
     if (retired) {
       log().debug("worker {} ({}, pid {}) ran its tasks per life and was replaced", w, p.device(),
                   pid);
