@@ -17,6 +17,7 @@ import sys
 import threading
 import warnings
 import weakref
+from multiprocessing.pool import CLOSE, INIT, RUN, TERMINATE
 
 import torch
 
@@ -206,7 +207,7 @@ class _Stream:
         # the pool behind it would be a cycle through C++ that Python's collector cannot see.
         ref = weakref.ref(self)
         prelude = self._fn if type(self._fn) is _C.Prelude else None
-        self._results = pool._pool.imap_unordered(
+        self._results = pool._c.imap_unordered(
             lambda i: ref()._make(i) if ref() is not None else None, prelude)
 
     def _make(self, i):
@@ -302,6 +303,21 @@ class IMapIterator:
         self._values = collections.deque(out)
 
 
+class _Worker:
+    """One of a pool's worker processes, as multiprocessing.Pool's `_pool` lists them: its pid,
+    name, and whether it is alive (still the pool's worker)."""
+
+    def __init__(self, pool, pid, slot):
+        # A slot whose worker is being restarted has no process yet: None, as an unstarted one.
+        self._c, self.pid, self.name = pool, (pid if pid > 0 else None), f"ferry-worker-{slot}"
+
+    def is_alive(self):
+        return self.pid is not None and self.pid in self._c.worker_pids()
+
+    def __repr__(self):
+        return f"<{self.name} pid={self.pid} {'alive' if self.is_alive() else 'gone'}>"
+
+
 class Pool:
     """Worker processes that run Python calls, on a device list.
 
@@ -358,7 +374,7 @@ class Pool:
                                               not 1 <= maxtasks_inflight <= 1000):
             raise ValueError(f"maxtasks_inflight={maxtasks_inflight!r}: give 1 to 1000 tasks per "
                              "worker, or None to let the pool choose by how long tasks take")
-        self._state = "starting"
+        self._state = INIT
         # What the initializer and the shared objects need, for the pool's life: every restarted
         # worker unpickles them again (multiprocessing keeps its initargs so too).
         self._keep = [initializer, initargs, shared]
@@ -394,8 +410,8 @@ class Pool:
                                  task_timeout=task_timeout, start_timeout=start_timeout,
                                  threads_per_worker=threads_per_worker,
                                  shared_allocations=bool(shared_allocations))
-        self._pool = _C.Pool(options, shared_bases, self._hub)
-        self._state = "run"
+        self._c = _C.Pool(options, shared_bases, self._hub)
+        self._state = RUN
         if wait_hosts and not self._hub.wait_for_hosts(int(wait_hosts), float(join_timeout)):
             self.terminate()
             raise Timeout(f"{self._hub.stats()['live']} of wait_hosts={wait_hosts} hosts joined "
@@ -404,7 +420,7 @@ class Pool:
 
     # -- the calls ------------------------------------------------------------------------------
     def _check_running(self):
-        if self._state != "run":
+        if self._state != RUN:
             raise ValueError("Pool not running")
 
     def _function(self, fn, held):
@@ -445,7 +461,7 @@ class Pool:
 
         def attempt(t):
             try:
-                return True, self._pool.submit(payload, bases, keep, t, prelude)
+                return True, self._c.submit(payload, bases, keep, t, prelude)
             except Timeout:
                 return False, None
 
@@ -485,7 +501,7 @@ class Pool:
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)
         # Hosts count by the workers they hold: their room over what one of their workers holds.
-        remote = sum(w["limit"] for w in self._pool.stats()["workers"] if w["remote"])
+        remote = sum(w["limit"] for w in self._c.stats()["workers"] if w["remote"])
         workers = len(self) + remote // HOST_DEPTH
         chunksize, extra = divmod(len(iterable), workers * 4)
         return iterable, chunksize + (1 if extra else 0) or 1
@@ -531,23 +547,23 @@ class Pool:
     # -- life -----------------------------------------------------------------------------------
     def close(self):
         """No more tasks; join() then waits for those submitted."""
-        if self._state == "run":
-            self._state = "close"
+        if self._state == RUN:
+            self._state = CLOSE
 
     def terminate(self):
         """Stops the workers now, busy or not (SIGKILL); unfinished tasks fail with
         ferry.ShutDown."""
-        self._state = "terminate"
-        self._pool.close("kill")
+        self._state = TERMINATE
+        self._c.close("kill")
 
     def join(self):
         """Waits for every submitted task, then for the workers to exit (after close())."""
-        if self._state == "run":
+        if self._state == RUN:
             raise ValueError("Pool is still running")
-        how = "drain" if self._state == "close" else "kill"
+        how = "drain" if self._state == CLOSE else "kill"
         # A drain may take long: it runs on a thread of its own while this one waits in slices,
         # so Ctrl-C still comes, and terminate() (from the `with` block's end) cuts it short.
-        closing = threading.Thread(target=self._pool.close, args=(how,), name="ferry-join",
+        closing = threading.Thread(target=self._c.close, args=(how,), name="ferry-join",
                                    daemon=True)
         closing.start()
         _waiting.wait(lambda t: (closing.join(t) or not closing.is_alive(), None), None)
@@ -560,30 +576,36 @@ class Pool:
         self.terminate()  # as multiprocessing.Pool does
 
     def __len__(self):
-        return self._pool.size()
+        return self._c.size()
 
     def __del__(self, _warn=warnings.warn):
-        if getattr(self, "_state", None) == "run":
+        if getattr(self, "_state", None) == RUN:
             # As multiprocessing says it: the pool was never closed nor terminated.
             _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning,
                   source=self)
-        pool = getattr(self, "_pool", None)
+        pool = getattr(self, "_c", None)
         if pool is not None:
             pool.close("kill")
 
     def __repr__(self):
-        state = {"run": "RUN", "close": "CLOSE", "terminate": "TERMINATE"}.get(
-            getattr(self, "_state", None), "INIT")
-        size = self._pool.size() if getattr(self, "_pool", None) is not None else 0
+        state = getattr(self, "_state", INIT)
+        size = self._c.size() if getattr(self, "_c", None) is not None else 0
         return f"<ferry.Pool state={state} pool_size={size}>"
 
     # -- what it did ----------------------------------------------------------------------------
     def stats(self):
         """Per-worker counts (tasks, restarts, zero-copy and copied bytes) and the pool's."""
-        return self._pool.stats()
+        return self._c.stats()
 
     def worker_pids(self):
-        return self._pool.worker_pids()
+        """The process id of each slot's local worker (-1 while it is being restarted)."""
+        return self._c.worker_pids()
+
+    @property
+    def _pool(self):
+        # multiprocessing.Pool's list of its worker processes: private, but code reads the
+        # workers' pids from it. Here a snapshot: each entry stays alive while the pool keeps it.
+        return [_Worker(self._c, pid, slot) for slot, pid in enumerate(self._c.worker_pids())]
 
     # -- several hosts --------------------------------------------------------------------------
     @property

@@ -56,9 +56,9 @@ def _seconds(block, timeout):
         return 0.0
     if timeout is None:
         return None
-    if timeout < 0:
-        raise ValueError("'timeout' must be a non-negative number")
-    return float(timeout)
+    # As multiprocessing's queues (not queue.Queue): a timeout below 0, a deadline already passed
+    # (`deadline - now`), is one try that does not wait, not an error.
+    return max(0.0, float(timeout))
 
 
 class Queue:
@@ -156,7 +156,9 @@ class Queue:
             raise ValueError(f"Queue {self!r} is closed")
 
     def join_thread(self):
-        """Nothing to join: a put is done when it returns (kept for multiprocessing's API)."""
+        """Nothing to join: a put is done when it returns (kept for multiprocessing's API, whose
+        AssertionError before close() it keeps too)."""
+        assert self._closed, f"Queue {self!r} not closed"
 
     def cancel_join_thread(self):
         """Nothing to cancel (kept for multiprocessing's API)."""
@@ -300,6 +302,10 @@ class _Reader:
     def recv(self):
         return self._q.get()
 
+    @property
+    def closed(self):
+        return self._q._closed
+
     def close(self):
         pass  # the queue goes on for this process's puts; its fds close with it
 
@@ -312,6 +318,10 @@ class _Writer:
 
     def send(self, obj):
         self._q.put(obj)
+
+    @property
+    def closed(self):
+        return self._q._closed
 
     def close(self):
         pass

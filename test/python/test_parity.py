@@ -457,6 +457,155 @@ def test_maxtasksperchild_replaces_a_worker_and_runs_its_initializer_again(tmp_p
         """)
 
 
+def test_the_documented_calls_of_a_pool_and_the_queues_answer_alike(tmp_path):
+    """CPython 3.11's documentation of Pool, AsyncResult, Queue, JoinableQueue and SimpleQueue,
+    call by call: chunksize, callbacks, timeouts, join() after close() and after terminate(),
+    qsize, empty, full, the _nowait calls, a deadline already passed, join_thread and
+    cancel_join_thread, task_done and join, and what each says after close()."""
+    same(tmp_path, """
+        import queue, multiprocessing
+
+        def sq(x):
+            return x * x
+
+        def fail(x):
+            raise KeyError(x)
+
+        def slow(x):
+            time.sleep(x)
+            return x
+
+        def outcome(f):
+            try:
+                return repr(f())
+            except Exception as e:
+                return type(e).__name__
+
+        if __name__ == "__main__":
+            with mp.Pool(2) as p:
+                for cs in (None, 1, 3, 7, 100):
+                    print("chunksize", cs, p.map(sq, range(10), chunksize=cs),
+                          list(p.imap(sq, range(10), chunksize=cs or 1)),
+                          sorted(p.imap_unordered(sq, range(10), chunksize=cs or 1)),
+                          p.starmap(pow, [(i, 2) for i in range(5)], chunksize=cs),
+                          p.map_async(sq, range(4), chunksize=cs).get(60),
+                          p.starmap_async(pow, [(3, 2)], chunksize=cs).get(60))
+                print("imap chunksize=0", outcome(lambda: list(p.imap(sq, range(3), chunksize=0))))
+                box = []
+                r = p.map_async(fail, [1], error_callback=box.append)
+                print("map_async error", outcome(lambda: r.get(60)), [repr(e) for e in box])
+                box = []
+                r = p.apply_async(fail, (2,), error_callback=box.append, callback=print)
+                print("apply_async error", outcome(lambda: r.get(60)), [repr(e) for e in box],
+                      r.successful())
+                r = p.apply_async(slow, (1.0,))
+                print("get(timeout)", outcome(lambda: r.get(0.01)))
+                try:
+                    r.get(0.01)
+                except multiprocessing.TimeoutError:
+                    print("it is multiprocessing.TimeoutError")
+                print("successful() before ready", outcome(r.successful), r.ready())
+                print("wait(timeout)", r.wait(0.01), r.ready())
+                r.wait()
+                print("after wait", r.ready(), r.successful(), r.get())
+                it = p.imap(slow, [1.0])
+                print("imap next(timeout)", outcome(lambda: it.next(0.01)), it.next(60),
+                      outcome(lambda: next(it)))
+                print("apply kwds", p.apply(sq, (), {"x": 4}))
+                print("join() while running", outcome(p.join))
+            p = mp.Pool(2)
+            p.close()
+            print("after close", outcome(lambda: p.apply(sq, (2,))), outcome(lambda: p.map(sq, [1])),
+                  outcome(lambda: p.apply_async(sq, (1,))))
+            p.join()
+            print("join after close", outcome(p.join))
+            p = mp.Pool(2)
+            r = p.apply_async(slow, (30,))
+            p.terminate()
+            p.join()
+            print("join after terminate", outcome(p.join), outcome(lambda: p.apply(sq, (2,))))
+            print("Pool(0)", outcome(lambda: mp.Pool(0)), "Pool(-1)", outcome(lambda: mp.Pool(-1)),
+                  "initializer=1", outcome(lambda: mp.Pool(1, initializer=1)))
+
+            ctx = mp.get_context("fork")
+            q = ctx.Queue(2)
+            print("fresh", q.empty(), q.full(), q.qsize())
+            q.put(1)
+            q.put_nowait(2)
+            time.sleep(0.2)
+            print("full", q.empty(), q.full(), q.qsize())
+            print("put when full", outcome(lambda: q.put_nowait(3)), outcome(lambda: q.put(3, False)),
+                  outcome(lambda: q.put(3, timeout=0.05)), outcome(lambda: q.put(3, timeout=-1)))
+            print("get", q.get(), q.get_nowait())
+            print("get when empty", outcome(q.get_nowait), outcome(lambda: q.get(False)),
+                  outcome(lambda: q.get(timeout=0.05)), outcome(lambda: q.get(timeout=-1)))
+            q.put("x")
+            time.sleep(0.2)
+            print("get with a passed deadline", outcome(lambda: q.get(timeout=-1)))
+            print("join_thread before close", outcome(q.join_thread))
+            print("cancel_join_thread", outcome(q.cancel_join_thread))
+            q.close()
+            print("after close", outcome(q.close), outcome(q.join_thread), outcome(lambda: q.put(1)),
+                  outcome(q.get), outcome(q.get_nowait), q.qsize())
+            print("maxsize 0", ctx.Queue().full(), ctx.Queue(0).full())
+
+            j = ctx.JoinableQueue()
+            print("task_done() too many", outcome(j.task_done))
+            j.put(1)
+            j.put(2)
+            print("joinable", j.get(), j.get())
+            j.task_done()
+            j.task_done()
+            j.join()
+            print("join() returned")
+
+            s = ctx.SimpleQueue()
+            print("simple", s.empty())
+            s.put(5)
+            time.sleep(0.1)
+            print("simple", s.empty(), s.get(), s.empty())
+            s.close()
+            print("simple after close", outcome(s.close), outcome(s.get), outcome(lambda: s.put(1)))
+        """, """\
+        chunksize None [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16] [0, 1, 4, 9] [9]
+        chunksize 1 [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16] [0, 1, 4, 9] [9]
+        chunksize 3 [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16] [0, 1, 4, 9] [9]
+        chunksize 7 [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16] [0, 1, 4, 9] [9]
+        chunksize 100 [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16] [0, 1, 4, 9] [9]
+        imap chunksize=0 ValueError
+        map_async error KeyError ['KeyError(1)']
+        apply_async error KeyError ['KeyError(2)'] False
+        get(timeout) TimeoutError
+        it is multiprocessing.TimeoutError
+        successful() before ready ValueError False
+        wait(timeout) None False
+        after wait True True 1.0
+        imap next(timeout) TimeoutError 1.0 StopIteration
+        apply kwds 16
+        join() while running ValueError
+        after close ValueError ValueError ValueError
+        join after close None
+        join after terminate None ValueError
+        Pool(0) ValueError Pool(-1) ValueError initializer=1 TypeError
+        fresh True False 0
+        full False True 2
+        put when full Full Full Full Full
+        get 1 2
+        get when empty Empty Empty Empty Empty
+        get with a passed deadline 'x'
+        join_thread before close AssertionError
+        cancel_join_thread None
+        after close None None ValueError ValueError ValueError 0
+        maxsize 0 False False
+        task_done() too many ValueError
+        joinable 1 2
+        join() returned
+        simple True
+        simple False 5 True
+        simple after close None OSError OSError
+        """)
+
+
 def test_ferry_says_its_version():
     import ferry
 

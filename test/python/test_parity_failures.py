@@ -377,3 +377,55 @@ def test_a_large_exception_arrives_as_itself_with_its_traceback(tmp_path):
         True True True True
         1
         """)
+
+
+def test_where_ferry_answers_otherwise_it_says_so_or_gives_the_right_answer(tmp_path):
+    """The differences docs/python.md lists from CPython's own tests, side by side: map with
+    chunksize=0 (multiprocessing returns Nones without running a task; ferry raises as imap
+    does), a put() of an object that cannot be pickled (multiprocessing's feeder thread prints
+    the error and drops it; ferry raises in the caller), a lambda as a task's result
+    (MaybeEncodingError; ferry's arrives), and empty() after close() with a message queued."""
+    runs = both(tmp_path, """
+        class NotSerializable:
+            def __reduce__(self):
+                raise AttributeError("not picklable")
+
+        def sq(x):
+            return x * x
+
+        def makes_a_lambda():
+            return lambda: 42
+
+        def outcome(f):
+            try:
+                return repr(f())
+            except Exception as e:
+                return type(e).__name__
+
+        if __name__ == "__main__":
+            with mp.Pool(2) as p:
+                print("map chunksize=0", outcome(lambda: p.map(sq, range(3), chunksize=0)))
+                r = p.apply_async(makes_a_lambda)
+                print("lambda result", outcome(lambda: r.get(60)()))
+                print("still works", p.apply(sq, (3,)))
+            q = mp.get_context("fork").Queue()
+            print("put unpicklable", outcome(lambda: q.put(NotSerializable())))
+            q.put(True)
+            print("then", q.get(timeout=30))
+            q.put("x")
+            time.sleep(0.3)
+            q.close()
+            q.join_thread()
+            print("empty after close", outcome(q.empty))
+        """, timeout=120)
+    code, out, err = runs["torch"]
+    assert code == 0, err
+    assert out == ("map chunksize=0 [None, None, None]\nlambda result MaybeEncodingError\n"
+                   "still works 9\nput unpicklable None\nthen True\n"
+                   "empty after close OSError\n"), out + err
+    assert "AttributeError: not picklable" in err  # the feeder thread's traceback, later
+    code, out, err = runs["ferry"]
+    assert code == 0, err
+    assert out == ("map chunksize=0 ValueError\nlambda result 42\nstill works 9\n"
+                   "put unpicklable AttributeError\nthen True\nempty after close False\n"), \
+        out + err
