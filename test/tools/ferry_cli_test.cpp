@@ -145,9 +145,9 @@ TEST_CASE("ferry run --json gives the summary as one document") {
 
 TEST_CASE("ferry run --max-tasks-per-worker replaces each worker process after that many tasks") {
   TempDir dir;
-  const Ran r =
-      run(dir, "run --json --task square --workers 2 --batches 30 --max-tasks-per-worker 4 "
-               "--start spawn");  // spawn: under TSan too (test/CMakeLists.txt, [fork])
+  const Ran r = run(dir,
+                    "run --json --task square --workers 2 --batches 30 --max-tasks-per-worker 4 "
+                    "--start spawn");  // spawn: under TSan too (test/CMakeLists.txt, [fork])
   INFO(r.err);
   REQUIRE(r.code == 0);
   const auto j = nlohmann::json::parse(r.out);
