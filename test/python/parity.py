@@ -26,6 +26,14 @@ if IMPL == "ferry":
     import ferry as mp
 else:
     import torch.multiprocessing as mp
+
+
+def outcome(f):
+    # What a call gave: its value's repr, or its exception's type.
+    try:
+        return repr(f())
+    except Exception as e:
+        return type(e).__name__
 """
 
 

@@ -475,12 +475,6 @@ def test_the_documented_calls_of_a_pool_and_the_queues_answer_alike(tmp_path):
             time.sleep(x)
             return x
 
-        def outcome(f):
-            try:
-                return repr(f())
-            except Exception as e:
-                return type(e).__name__
-
         if __name__ == "__main__":
             with mp.Pool(2) as p:
                 for cs in (None, 1, 3, 7, 100):

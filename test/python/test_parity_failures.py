@@ -396,12 +396,6 @@ def test_where_ferry_answers_otherwise_it_says_so_or_gives_the_right_answer(tmp_
         def makes_a_lambda():
             return lambda: 42
 
-        def outcome(f):
-            try:
-                return repr(f())
-            except Exception as e:
-                return type(e).__name__
-
         if __name__ == "__main__":
             with mp.Pool(2) as p:
                 print("map chunksize=0", outcome(lambda: p.map(sq, range(3), chunksize=0)))
