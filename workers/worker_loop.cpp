@@ -372,6 +372,8 @@ int run_worker(int control_fd) {
 }
 
 int worker_main(int argc, char** argv) {
+  const bool help =
+      argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
   if (argc == 2 && std::strcmp(argv[1], "--list-tasks") == 0) {
     for (const auto& name : task_names()) std::printf("%s\n", name.c_str());
     return 0;
@@ -381,12 +383,13 @@ int worker_main(int argc, char** argv) {
     const long fd = std::strtol(argv[2], &end, 10);
     if (*end == '\0' && fd >= 0 && fd < 1 << 20) return run_worker(static_cast<int>(fd));
   }
-  std::fprintf(stderr,
+  // Asked for, the usage is the answer (stdout, 0); otherwise it says why nothing ran.
+  std::fprintf(help ? stdout : stderr,
                "%s: a ferry worker process. A supervisor starts it (ferry run, or ferry::Pool "
                "with start=spawn); it is not run by hand.\n"
                "  %s --list-tasks   print the tasks this worker can run\n",
                argv[0], argv[0]);
-  return kWorkerUsage;
+  return help ? 0 : kWorkerUsage;
 }
 
 }  // namespace ferry

@@ -1044,12 +1044,13 @@ int main(int argc, char** argv) {
     } else if (a == "--device" && i + 1 < argc) {
       cfg.device = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr,
+      const bool help = a == "--help" || a == "-h";
+      std::fprintf(help ? stdout : stderr,
                    "usage: %s [--json FILE] [--quick] [--device N]\n"
                    "  what each way of ordering CUDA work across two processes costs, and whether "
                    "it orders (docs/cuda.md)\n",
                    argv[0]);
-      return 2;
+      return help ? 0 : 2;
     }
   }
   if (quick) {
