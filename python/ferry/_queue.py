@@ -287,11 +287,24 @@ class _Bell:
                 pass
 
 
-class _Reader:
-    """A SimpleQueue's reading end as multiprocessing's Connection (recv, poll, fileno)."""
+class _End:
+    """One end of a SimpleQueue as multiprocessing's Connection: closed with the queue, in this
+    process; closing the end alone does nothing (the queue goes on for this process's other
+    calls; its fds close with it)."""
 
     def __init__(self, q):
         self._q = q
+
+    @property
+    def closed(self):
+        return self._q._closed
+
+    def close(self):
+        pass
+
+
+class _Reader(_End):
+    """The reading end (recv, poll, fileno)."""
 
     def fileno(self):
         return self._q._bell.r
@@ -302,29 +315,12 @@ class _Reader:
     def recv(self):
         return self._q.get()
 
-    @property
-    def closed(self):
-        return self._q._closed
 
-    def close(self):
-        pass  # the queue goes on for this process's puts; its fds close with it
-
-
-class _Writer:
-    """A SimpleQueue's writing end as multiprocessing's Connection (send)."""
-
-    def __init__(self, q):
-        self._q = q
+class _Writer(_End):
+    """The writing end (send)."""
 
     def send(self, obj):
         self._q.put(obj)
-
-    @property
-    def closed(self):
-        return self._q._closed
-
-    def close(self):
-        pass
 
 
 class SimpleQueue(Queue):

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,10 +103,10 @@ def launch(method, only=()):
     return p, out_path, log
 
 
-def finish(method, p, out_path, log, timeout):
-    """{test: [outcome, detail]} of a launched child, and its log."""
+def finish(method, p, out_path, log, deadline):
+    """{test: [outcome, detail]} of a launched child, and its log; killed at `deadline`."""
     try:
-        p.wait(timeout)
+        p.wait(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
@@ -134,7 +135,7 @@ def main():
     ap.add_argument("--json", help="(internal) where the child writes its outcomes")
     ap.add_argument("--only", action="append", default=[], help="Class.test to run alone")
     ap.add_argument("-v", "--verbose", action="store_true", help="print unittest's reports")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per start method")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds the start methods run (at once), and a rerun")
     args = ap.parse_args()
 
     try:
@@ -154,8 +155,9 @@ def main():
 
     # The three start methods at once: most of their time is the tests' own waiting.
     children = {m: launch(m) for m in ([args.method] if args.method else METHODS)}
+    deadline = time.monotonic() + args.timeout  # they run at once: one limit for all three
     for method, (p, out_path, log) in children.items():
-        outcomes, text = finish(method, p, out_path, log, args.timeout)
+        outcomes, text = finish(method, p, out_path, log, deadline)
         passed = sum(1 for o, _ in outcomes.values() if o == "ok")
         skipped = {n: why for n, (o, why) in outcomes.items() if o == "skipped"}
         print(f"== {method}: {len(outcomes)} tests, {passed} passed, {len(skipped)} skipped")
@@ -172,11 +174,11 @@ def main():
             elif name in outcomes and outcomes[name][0] == "failed":
                 print(f"   known {name}: {KNOWN[name]}")
         failed = sorted(n for n, (o, _) in outcomes.items() if o == "failed" and n not in KNOWN)
-        if failed and not all(" " in n for n in failed):
-            again, _ = finish(method, *launch(method, [n for n in failed if " " not in n]),
-                              args.timeout)
-        else:
-            again = {}
+        # A test's own failure is tried once more alone; a class's or the run's (a name with a
+        # space, "setUpClass (...)") is not a test to run again.
+        alone = [n for n in failed if " " not in n]
+        again = finish(method, *launch(method, alone), time.monotonic() + args.timeout)[0] \
+            if alone else {}
         for name in failed:
             if again.get(name, ["failed"])[0] == "ok":
                 print(f"   {name} failed, then passed run alone:\n{outcomes[name][1]}")
