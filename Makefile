@@ -12,21 +12,32 @@ CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
 
 all: build
 
+# What install-deps.sh installs: `all` for everything (the suite, benchmarks, Python), `run` for
+# `ferry run` alone (`make run`). Its stamp is newer than the CMake cache when something was
+# installed since the last configure, which then runs again to find it (Python, clang...).
+DEPS ?= all
+DEPS_STAMP = $(BUILD)/.deps-installed
 deps:
-	@tools/install-deps.sh
+	@tools/install-deps.sh $(DEPS) --stamp $(DEPS_STAMP)
 
 # ferry's own builds treat warnings as errors (FERRY_WERROR; off in a plain cmake build); a tree
 # configured before the option existed gets it once.
 configure: deps
 	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
 	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_WERROR=ON $(CMAKE_ARGS); \
-	elif ! grep -q '^FERRY_WERROR:' $(BUILD)/CMakeCache.txt; then \
+	elif ! grep -q '^FERRY_WERROR:' $(BUILD)/CMakeCache.txt || \
+	     [ $(DEPS_STAMP) -nt $(BUILD)/CMakeCache.txt ]; then \
 	  cmake -S . -B $(BUILD) -DFERRY_WERROR=ON; fi
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-run: build
+# A first run builds what `ferry run` needs and nothing else (the suite and the benchmarks are
+# most of the build: `make test` builds them).
+RUN_TARGETS ?= ferry-cli ferry-worker
+run:
+	@$(MAKE) --no-print-directory configure DEPS=run
+	cmake --build $(BUILD) -j $(JOBS) --target $(RUN_TARGETS)
 	$(BUILD)/tools/ferry run
 
 # Then the labels whose tests fork (OMP_LABELS) once more with two OpenMP threads: Debian 12's
