@@ -66,12 +66,26 @@ build=$work/wheel-build
 rm -rf "$build.away"
 say "pip install --no-build-isolation $src (build tree $build)"
 t1=$(date +%s)
-(cd "$outside" && env -u PYTHONPATH ${backend_path:+PYTHONPATH=$backend_path} \
-  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+# With make, not Ninja, and no job count: pip's backend prefers Ninja where it is installed and
+# falls back to make, to which it gives no count; the build must still take every core
+# (tools/cmake/wheel.cmake), which it did not on a machine without ninja-build. A tree made by
+# another generator is made again.
+if [ -f "$build/CMakeCache.txt" ] &&
+  ! grep -q '^CMAKE_GENERATOR:INTERNAL=Unix Makefiles$' "$build/CMakeCache.txt"; then
+  rm -rf "$build"
+fi
+(cd "$outside" && env -u PYTHONPATH -u CMAKE_BUILD_PARALLEL_LEVEL -u MAKEFLAGS \
+  ${backend_path:+PYTHONPATH=$backend_path} CMAKE_GENERATOR="Unix Makefiles" \
   "$vpy" -m pip install --no-build-isolation --no-index --no-deps --no-cache-dir \
   --config-settings=build-dir="$build" --config-settings=cmake.define.FERRY_WERROR=ON \
   "$src") >"$work/pip-install.log" 2>&1 || { tail -n 60 "$work/pip-install.log"; fail "pip install"; }
 say "installed in $(($(date +%s) - t1)) s"
+grep -q '^CMAKE_MAKE_PROGRAM:FILEPATH=.*/ferry-parallel-make$' "$build/CMakeCache.txt" ||
+  fail "the wheel's make build runs without the wrapper that gives make a job per core"
+jobs=$("$build/ferry-parallel-make" -p -f /dev/null 2>/dev/null | sed -n 's/^MAKEFLAGS = .*-j\([0-9]*\).*/\1/p')
+[ "$jobs" = "$(nproc)" ] || fail "the wheel's make runs $jobs jobs, not one per core ($(nproc))"
+jobs=$("$build/ferry-parallel-make" -j1 -p -f /dev/null 2>/dev/null | sed -n 's/^MAKEFLAGS = .*-j\([0-9]*\).*/\1/p')
+[ "$jobs" = 1 ] || fail "a job count the user gives (-j1) does not win over the wrapper's: $jobs"
 # pip builds the package, not the suite: no test, benchmark or example target was configured.
 for dir in test docs/examples; do
   [ ! -e "$build/$dir" ] || fail "the wheel's build configured $dir ($build/$dir exists)"

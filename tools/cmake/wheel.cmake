@@ -69,6 +69,25 @@ set(CMAKE_INSTALL_LIBDIR ferry/lib CACHE PATH "Libraries, inside the package")
 set(CMAKE_INSTALL_INCLUDEDIR ferry/include CACHE PATH "Headers, inside the package")
 set(FERRY_PYTHON_INSTALL_DIR "." CACHE STRING "The package's parent: site-packages itself")
 
+# Every core, whichever generator pip's backend found. It prefers Ninja, which runs a job per
+# core by itself; without Ninja it falls back to make and runs `cmake --build` with no job count,
+# so make compiled one source at a time (minutes of a single cc1plus on a machine without
+# ninja-build). `cmake --build` runs the cache's CMAKE_MAKE_PROGRAM: here a wrapper that asks make
+# for a job per core the build may use. A count the user gives (CMAKE_BUILD_PARALLEL_LEVEL, or
+# -Cbuild.tool-args=-jN) comes after it on make's command line and wins.
+if(CMAKE_GENERATOR MATCHES "Makefiles")
+  if(NOT CMAKE_MAKE_PROGRAM MATCHES "ferry-parallel-make$")
+    set(FERRY_WHEEL_MAKE "${CMAKE_MAKE_PROGRAM}" CACHE FILEPATH "make, behind the wrapper" FORCE)
+  endif()
+  set(_wrapper "${CMAKE_BINARY_DIR}/ferry-parallel-make")
+  file(WRITE "${_wrapper}"
+    "#!/bin/sh\n# Written by tools/cmake/wheel.cmake: make with a job per usable core.\n"
+    "exec \"${FERRY_WHEEL_MAKE}\" -j\"$(nproc 2>/dev/null || echo 1)\" \"$@\"\n")
+  file(CHMOD "${_wrapper}" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+    GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  set(CMAKE_MAKE_PROGRAM "${_wrapper}" CACHE FILEPATH "make with a job per core" FORCE)
+endif()
+
 # Called once CUDA is set up: a torch with CUDA needs ferry's CUDA code compiled by a toolkit of
 # its own major version (the runtime API's handles and structures change across majors).
 function(ferry_wheel_check_cuda)
