@@ -38,6 +38,7 @@
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
+#include "test/bench/bench_limits.hpp"
 #include "test/bench/bench_report.hpp"
 #include "test/bench/bench_support.hpp"
 #include "test/bench/bench_tensors.hpp"
@@ -397,6 +398,35 @@ Latency ferry_in_process(Mode mode, std::size_t bytes, int iterations, double ti
   return summarize(time_round_trips(own, q, q, numel, iterations, time_cap_s).samples);
 }
 
+// A stream's whole work for one message in one process, one thread, with no process to wake: the
+// producer's send (a copy, copying), the consumer's receive and its read of every page, from a pool
+// as the stream's own (zero-copy: more tensors than can be in flight, so the pages are as cold).
+// A producer and a consumer can at best share that work out over two cores: its compute ceiling.
+Throughput stream_alone(Mode mode, std::size_t bytes, int messages, double time_cap_s) {
+  const auto numel = static_cast<std::int64_t>(bytes / sizeof(float));
+  auto q = ferry::TensorQueue::create({kCapacity});
+  std::vector<at::Tensor> pool;
+  const std::size_t pool_size = mode == Mode::zero_copy ? kCapacity + 2 : 1;
+  for (std::size_t k = 0; k < pool_size; ++k) {
+    pool.push_back(make_tensor(mode, numel, static_cast<float>(k)));
+  }
+  float sum = 0;
+  auto one = [&](int i) {
+    q.send({pool[static_cast<std::size_t>(i) % pool.size()]}, kTimeout);
+    sum += touch_pages(q.recv(kTimeout).at(0));
+  };
+  for (int i = 0; i < static_cast<int>(kCapacity) + 2; ++i) one(i);
+  const auto t0 = SteadyClock::now();
+  int n = 0;
+  for (; n < messages; ++n) {
+    if (n >= 5 && seconds_since(t0) > time_cap_s) break;
+    one(n);
+  }
+  const double elapsed = seconds_since(t0);
+  g_sink = sum;
+  return {n / elapsed, n * static_cast<double>(bytes) / elapsed / 1e9, static_cast<std::size_t>(n)};
+}
+
 // ---------------------------------------------------------------------------------------------
 // The machine, sizes and formatting.
 
@@ -421,6 +451,46 @@ json stats_delta(const ferry::TransportStats& a, const ferry::TransportStats& b)
           {"bytes_copied", b.bytes_copied - a.bytes_copied},
           {"segments_created", b.segments_created - a.segments_created},
           {"copies_by_reason", reasons}};
+}
+
+// Each of ferry's figures in a row against what bounds it (docs/benchmarks.md, "Every row against
+// its limit"): a round trip against the wake-up floor, plus the two copies a copying one makes;
+// the zero-copy stream against its own work done alone; copy-on-send against memcpy into rotating
+// destinations, as each message's copy lands in another arena block.
+std::vector<Limit> row_limits(const json& e) {
+  auto rt = [&](const char* who, const char* pct) {
+    return e[who]["round_trip_us"][pct].get<double>();
+  };
+  auto gb_per_s = [&](const json& figures) { return figures["gb_per_s"].get<double>(); };
+  const double rotating = gb_per_s(e["memcpy_rotating"]);
+  const double copies_us = 2 * e["size_bytes"].get<double>() / (rotating * 1e3);
+  const std::string into = "into " + std::to_string(kCapacity + 1) + " rotating destinations";
+  const std::string memcpy_name = "memcpy " + into + ", one core";
+  const std::string copies_name =
+      kWakeFloorName + ", plus a memcpy of the message each way (" + into + ", one core)";
+  std::vector<Limit> out;
+  for (Mode mode : {Mode::zero_copy, Mode::copy}) {
+    for (const char* pct : {"p50", "p99"}) {
+      const double floor = std::min(rt("pipe_1byte", pct), rt("shared_word", pct));
+      const bool copying = mode == Mode::copy;
+      out.push_back(time_limit(std::string(mode_name(mode)) + " round trip " + pct,
+                               copying ? copies_name : kWakeFloorName, "us",
+                               copying ? floor + copies_us : floor, rt(mode_name(mode), pct)));
+    }
+  }
+  // A stream is bound by its work shared out over two processes, and copying, also by the one
+  // core that copies: whichever is lower.
+  const Ceiling stream =
+      compute_ceiling("a message's send, receive and page reads", 2, "processes");
+  for (Mode mode : {Mode::zero_copy, Mode::copy}) {
+    const json& t = e[mode_name(mode)];
+    const double ceiling = gb_per_s(t["throughput_alone"]) * stream.factor;
+    const bool by_memcpy = mode == Mode::copy && rotating < ceiling;
+    out.push_back(rate_limit(std::string(mode_name(mode)) + " throughput",
+                             by_memcpy ? memcpy_name : stream.name, "GB/s",
+                             by_memcpy ? rotating : ceiling, gb_per_s(t["throughput"])));
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -548,6 +618,30 @@ std::string cell_throughput(const json& entry, const char* transport) {
   return entry.contains(transport) ? rate_cell(entry[transport]["throughput"]) : "-";
 }
 
+// Each of ferry's figures beside its limit and the share of it reached, then what each limit is.
+void print_limits(const json& results, std::size_t w0) {
+  std::printf(
+      "\nAgainst the limits: the share of its limit each of ferry's figures reaches (row / limit "
+      "for a rate, limit / row for a time)\n%s%s%s%s\n",
+      pad("size", w0).c_str(), pad("figure", 32).c_str(), pad("limit", 14).c_str(), "share");
+  std::vector<std::string> names;
+  for (const json& e : results) {
+    for (const json& l : e["limit"]) {
+      const std::string value =
+          l["value"].is_null() ? "-"
+                               : num(l["value"].get<double>()) + " " + l["unit"].get<std::string>();
+      const std::string share = l["share"].is_null() ? "-" : fmt("%.3f", l["share"].get<double>());
+      std::printf("%s%s%s%s\n", pad(e["size"].get<std::string>(), w0).c_str(),
+                  pad(l["figure"].get<std::string>(), 32).c_str(), pad(value, 14).c_str(),
+                  share.c_str());
+      const std::string name = l["name"].get<std::string>();
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  std::printf("limits:\n");
+  for (const std::string& name : names) std::printf("  %s\n", name.c_str());
+}
+
 void print_report(const json& report, const std::vector<Target>& targets) {
   print_report_head("ferry-bench", report, "baseline");
 
@@ -623,6 +717,8 @@ void print_report(const json& report, const std::vector<Target>& targets) {
     std::printf("\ncopy on receipt: %s: %s\n", receipt["status"].get<std::string>().c_str(),
                 receipt["reason"].get<std::string>().c_str());
   }
+
+  print_limits(report["results"], w0);
 
   std::printf("\nTargets (ratios of p50s)\n%s%s%s%s%s\n", pad("ratio", 46).c_str(),
               pad("size", w0).c_str(), pad("value", 10).c_str(), pad("goal", 9).c_str(), "result");
@@ -718,6 +814,9 @@ int run(const Config& cfg) {
     // (pipe before zero-copy round trips, memcpy before copy-on-send throughput), so drift in
     // the machine over the run does not leak into the ratios.
     e["pipe_1byte"] = {{"round_trip_us", to_json(pipe_round_trip(p.round_trips, cfg.time_cap_s))}};
+    // The wake-up floor's other half: a waiter that polls one shared word instead of sleeping.
+    const RoundTripUs word = word_round_trip_us(p.round_trips, cfg.time_cap_s);
+    e["shared_word"] = {{"round_trip_us", to_json(Latency{word.p50, word.p99, word.n})}};
     for (Mode mode : {Mode::zero_copy, Mode::copy}) {
       const auto before = ferry::transport_stats();
       json t;
@@ -727,6 +826,7 @@ int run(const Config& cfg) {
         e["memcpy_rotating"] = to_json(memcpy_bandwidth(size, cfg.quick, kCapacity + 1));
         e["memcpy_rotating"]["destinations"] = kCapacity + 1;
       }
+      t["throughput_alone"] = to_json(stream_alone(mode, size, p.messages, cfg.time_cap_s));
       t["throughput"] = to_json(ferry_throughput(mode, size, p.messages, cfg.time_cap_s));
       if (mode == Mode::copy) {
         t["throughput_unread"] =
@@ -748,6 +848,7 @@ int run(const Config& cfg) {
       }
       e[mode_name(mode)] = t;
     }
+    e["limit"] = limits_json(row_limits(e));
     results.push_back(e);
   }
 

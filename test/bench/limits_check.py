@@ -15,10 +15,10 @@ list of objects (one per figure of a row that has several, each naming its `figu
 `{"status": "skipped", ...}` (no device for it) passes with a note. docs/benchmarks.md, "Every row
 against its limit", says what each benchmark's limits are.
 
-Prints one table, a line per figure of every row of every file (bench, row, figure, limit, value,
-share); exits 1 naming the file and the row of each malformed limit, 2 on bad arguments.
-`--missing-ok` notes a file that does not exist and goes on (`make bench` names the files of
-benchmarks that may not be built here). Standard library only.
+Prints one table, a line per figure of every row of every file (bench, row, figure, the limit's
+value, the share reached, what the limit is); exits 1 naming the file and the row of each
+malformed limit, 2 on bad arguments. `--missing-ok` notes a file that does not exist and goes on
+(`make bench` names the files of benchmarks that may not be built here). Standard library only.
 """
 
 import argparse
@@ -136,8 +136,8 @@ def check_file(path, missing_ok):
         if problems:
             continue
         for lim in limits:
-            lines.append((bench, name, lim.get("figure", "-"), lim["name"],
-                          value_cell(lim), share_cell(lim)))
+            lines.append((bench, name, lim.get("figure", "-"), value_cell(lim),
+                          share_cell(lim), limit_cell(lim)))
     return lines, [], errors
 
 
@@ -148,11 +148,19 @@ def value_cell(limit):
 
 def share_cell(limit):
     s = limit["share"]
-    return f"null: {limit['why']}" if s is None else f"{s:.3g}"
+    return "null" if s is None else f"{s:.3g}"
+
+
+def limit_cell(limit):
+    """What bounds the figure; why there is no share, where there is none."""
+    if limit["share"] is None:
+        return f"{limit['name']} (no share: {limit['why']})"
+    return limit["name"]
 
 
 def print_table(lines):
-    head = ("bench", "row", "figure", "limit", "value", "share")
+    """Columns padded to their widest cell; the limit's name, the longest, last."""
+    head = ("bench", "row", "figure", "limit", "share", "what bounds it")
     widths = [max([len(head[c])] + [len(str(line[c])) for line in lines]) for c in range(5)]
     for line in [head] + lines:
         cells = [str(cell).ljust(w) for cell, w in zip(line, widths)]

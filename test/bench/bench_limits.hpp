@@ -1,0 +1,243 @@
+// Each row of a benchmark held against what bounds it (docs/benchmarks.md, "Every row against its
+// limit"): the JSON of a figure's limit and its cells in a printed table, and the limits the C++
+// benchmarks measure beside their rows: a wake-up floor between two processes, and the cores a
+// compute ceiling scales by.
+#pragma once
+
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "test/bench/bench_support.hpp"
+
+namespace ferry::bench {
+
+inline const std::string kMeasuredHere = "measured in this run";
+
+// One figure of a row and its limit. A rate reaches row / limit of its limit, a time limit / row.
+struct Limit {
+  std::string figure;             // which of the row's figures; "" where the row has one
+  std::string name;               // what bounds the figure, in words
+  std::string unit;               // the figure's unit, which the limit is in too
+  std::optional<double> value;    // the limit; nullopt where it could not be measured
+  std::optional<double> reached;  // the row's figure; nullopt where the row has none
+  bool rate = true;               // false: a time, where lower is better
+  std::string source = kMeasuredHere;
+  std::string why;  // why there is no share, where the default does not say
+};
+
+// The limit of a rate (higher is better) or of a time (lower is better), measured in this run.
+inline Limit make_limit(bool rate, std::string figure, std::string name, std::string unit,
+                        std::optional<double> value, std::optional<double> reached) {
+  Limit l;
+  l.figure = std::move(figure);
+  l.name = std::move(name);
+  l.unit = std::move(unit);
+  l.value = value;
+  l.reached = reached;
+  l.rate = rate;
+  return l;
+}
+inline Limit rate_limit(std::string figure, std::string name, std::string unit,
+                        std::optional<double> value, std::optional<double> reached) {
+  return make_limit(true, std::move(figure), std::move(name), std::move(unit), value, reached);
+}
+inline Limit time_limit(std::string figure, std::string name, std::string unit,
+                        std::optional<double> value, std::optional<double> reached) {
+  return make_limit(false, std::move(figure), std::move(name), std::move(unit), value, reached);
+}
+
+inline std::optional<double> share(const Limit& l) {
+  if (!l.value || !l.reached || *l.value <= 0 || *l.reached <= 0) return std::nullopt;
+  return l.rate ? *l.reached / *l.value : *l.value / *l.reached;
+}
+
+inline json limit_json(const Limit& l) {
+  json j;
+  if (!l.figure.empty()) j["figure"] = l.figure;
+  j["name"] = l.name;
+  j["unit"] = l.unit;
+  j["value"] = l.value ? json(*l.value) : json(nullptr);
+  const auto s = share(l);
+  j["share"] = s ? json(*s) : json(nullptr);
+  j["source"] = l.source;
+  if (!s) {
+    j["why"] = !l.why.empty() ? l.why
+               : !l.value     ? "the limit was not measured"
+                              : "the row has no figure";
+  }
+  return j;
+}
+
+// A row of several figures carries one limit per figure, each naming its figure.
+inline json limits_json(const std::vector<Limit>& limits) {
+  json out = json::array();
+  for (const Limit& l : limits) out.push_back(limit_json(l));
+  return out;
+}
+
+inline std::string limit_cell(const Limit& l) {
+  return l.value ? num(*l.value) + " " + l.unit : "-";
+}
+
+inline std::string share_cell(const Limit& l) {
+  const auto s = share(l);
+  return s ? fmt("%.3f", *s) : "-";
+}
+
+// The cores this process may run on: what a compute ceiling multiplies by, at most.
+inline int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// "compute ceiling: <task> alone, one thread, x min(N <who>, C cores)", with the factor it names.
+struct Ceiling {
+  std::string name;
+  int factor;
+};
+inline Ceiling compute_ceiling(const std::string& task, int workers, const std::string& who) {
+  const int cores = usable_cores();
+  return {"compute ceiling: " + task + " alone, one thread, x min(" + std::to_string(workers) +
+              " " + who + ", " + std::to_string(cores) + " cores)",
+          std::min(workers, cores)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wake-up floor: the fastest a process can learn that another has answered, as a round trip.
+// A waiter either sleeps and is woken (a 1-byte pipe round trip) or polls (a round trip through
+// one shared word, both sides spinning); ferry's waiters poll before they sleep, so the floor is
+// the faster of the two.
+
+inline const std::string kWakeFloorName =
+    "wake-up floor: the faster of a 1-byte pipe and a shared-word round trip between two "
+    "processes";
+
+struct RoundTripUs {
+  double p50 = 0, p99 = 0;
+  std::size_t n = 0;
+};
+
+struct WakeFloor {
+  RoundTripUs pipe, word;
+  double p50() const { return std::min(pipe.p50, word.p50); }
+  double p99() const { return std::min(pipe.p99, word.p99); }
+};
+
+// Times `trip()` after a warm-up of a tenth (at least 5): `iterations` times, or fewer once
+// `time_cap_s` has passed (at least 5 samples). Microseconds.
+template <class Trip>
+RoundTripUs time_trips(int iterations, double time_cap_s, Trip trip) {
+  const int warmup = std::max(5, iterations / 10);
+  for (int i = 0; i < warmup; ++i) trip();
+  std::vector<double> us;
+  const std::int64_t start = monotonic_ns();
+  const auto cap_ns = static_cast<std::int64_t>(time_cap_s * 1e9);
+  for (int i = 0; i < iterations; ++i) {
+    if (us.size() >= 5 && monotonic_ns() - start > cap_ns) break;
+    const std::int64_t t0 = monotonic_ns();
+    trip();
+    us.push_back(static_cast<double>(monotonic_ns() - t0) / 1e3);
+  }
+  std::sort(us.begin(), us.end());
+  return {percentile(us, 50), percentile(us, 99), us.size()};
+}
+
+inline RoundTripUs pipe_round_trip_us(int iterations, double time_cap_s) {
+  Link link;
+  Child child(
+      [&] {
+        link.child_side();
+        for (char c; (c = link.recv<char>()) != 'q';) link.send(c);
+      },
+      "wake-up floor, pipe");
+  link.parent_side();
+  const RoundTripUs r = time_trips(iterations, time_cap_s, [&] {
+    link.send('p');
+    if (link.recv<char>() != 'p') throw std::runtime_error("pipe round trip: wrong byte");
+  });
+  link.send('q');
+  child.wait();
+  return r;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Polls until `word` holds `want` (true), or `stop`, or 10 s have passed (false: the peer is gone
+// or stuck). After 50 us it yields the core at each poll, so that two processes given one core
+// still take turns.
+inline bool await_word(const std::atomic<std::uint64_t>& word, std::uint64_t want,
+                       std::uint64_t stop) {
+  const std::int64_t start = monotonic_ns();
+  for (std::uint64_t polls = 0;; ++polls) {
+    const std::uint64_t now = word.load(std::memory_order_acquire);
+    if (now == want) return true;
+    if (now == stop) return false;
+    cpu_relax();
+    if (polls % 64 != 0) continue;
+    const std::int64_t waited = monotonic_ns() - start;
+    if (waited > 10'000'000'000) return false;
+    if (waited > 50'000) ::sched_yield();
+  }
+}
+
+// The parent writes an odd number into a shared word, the child answers with the next even one.
+inline RoundTripUs word_round_trip_us(int iterations, double time_cap_s) {
+  void* page = ::mmap(nullptr, sizeof(std::atomic<std::uint64_t>), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) fail_errno("mmap");
+  auto* word = new (page) std::atomic<std::uint64_t>(0);
+  constexpr std::uint64_t kQuit = ~std::uint64_t{0};
+  RoundTripUs r;
+  try {
+    Child child(
+        [&] {
+          for (std::uint64_t next = 1; await_word(*word, next, kQuit); next += 2) {
+            word->store(next + 1, std::memory_order_release);
+          }
+        },
+        "wake-up floor, shared word");
+    std::uint64_t next = 1;
+    r = time_trips(iterations, time_cap_s, [&] {
+      word->store(next, std::memory_order_release);
+      if (!await_word(*word, next + 1, kQuit))
+        throw std::runtime_error("shared word: no answer in 10 s");
+      next += 2;
+    });
+    word->store(kQuit, std::memory_order_release);
+    child.wait();
+  } catch (...) {
+    ::munmap(page, sizeof(std::atomic<std::uint64_t>));
+    throw;
+  }
+  ::munmap(page, sizeof(std::atomic<std::uint64_t>));
+  return r;
+}
+
+inline WakeFloor wake_floor(int iterations, double time_cap_s) {
+  return {pipe_round_trip_us(iterations, time_cap_s), word_round_trip_us(iterations, time_cap_s)};
+}
+
+inline json wake_floor_json(const WakeFloor& f) {
+  auto one = [](const RoundTripUs& r) { return json{{"p50", r.p50}, {"p99", r.p99}, {"n", r.n}}; };
+  return {{"pipe_1byte_us", one(f.pipe)}, {"shared_word_us", one(f.word)}};
+}
+
+}  // namespace ferry::bench
