@@ -85,13 +85,16 @@ inline json limits_json(const std::vector<Limit>& limits) {
   return out;
 }
 
-inline std::string limit_cell(const Limit& l) {
-  return l.value ? num(*l.value) + " " + l.unit : "-";
+// A limit's cells in a printed table, from its JSON (a report printed again reads nothing else):
+// "value unit" and the share, "-" where either is null.
+template <class Json>
+std::string limit_cell(const Json& l) {
+  if (!l["value"].is_number()) return "-";
+  return num(l["value"].template get<double>()) + " " + l["unit"].template get<std::string>();
 }
-
-inline std::string share_cell(const Limit& l) {
-  const auto s = share(l);
-  return s ? fmt("%.3f", *s) : "-";
+template <class Json>
+std::string share_cell(const Json& l) {
+  return l["share"].is_number() ? fmt("%.3f", l["share"].template get<double>()) : "-";
 }
 
 // The cores this process may run on: what a compute ceiling multiplies by, at most.
@@ -123,6 +126,11 @@ inline Ceiling compute_ceiling(const std::string& task, int workers, const std::
 inline const std::string kWakeFloorName =
     "wake-up floor: the faster of a 1-byte pipe and a shared-word round trip between two "
     "processes";
+
+// A one-way hand-off wakes one side: half the round trip's floor.
+inline const std::string kWakeFloorOneWayName =
+    "wake-up floor, one way: half the faster of a 1-byte pipe and a shared-word round trip "
+    "between two processes";
 
 struct RoundTripUs {
   double p50 = 0, p99 = 0;

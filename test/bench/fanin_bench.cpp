@@ -40,6 +40,7 @@
 #include "ipc/stats.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/tensor_queue.hpp"
+#include "test/bench/bench_limits.hpp"
 #include "test/bench/bench_report.hpp"
 #include "test/bench/bench_support.hpp"
 #include "test/bench/bench_tensors.hpp"
@@ -329,6 +330,71 @@ Figures ferry_fanin(const Point& pt, double time_cap_s) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The limits (docs/benchmarks.md, "Every row against its limit"), measured once per size before
+// its first row.
+
+// One message's whole work in one process, one thread, with no process to wake: a producer's
+// stamp and send, the consumer's receive, checks and read of every page, from a pool as a
+// producer's own. The producers and the consumer can at best share it out over the cores.
+double messages_alone_per_s(std::size_t size, int messages, double time_cap_s) {
+  const auto numel = static_cast<std::int64_t>(size / sizeof(float));
+  auto q = ferry::TensorQueue::create({kCapacity});
+  std::vector<at::Tensor> pool;
+  for (int k = 0; k < kPool; ++k) {
+    pool.push_back(ferry::empty_shared({numel}, at::TensorOptions().dtype(at::kFloat)).zero_());
+  }
+  Streams streams(1, numel);
+  float sum = 0;
+  std::uint64_t seq = 0;
+  auto one = [&] {
+    const at::Tensor& t = pool[seq % kPool];
+    write_message(t, Kind::data, 0, seq++);
+    q.send({t}, kTimeout);
+    Tensors msg = q.recv(kTimeout);
+    streams.check(msg);
+    sum += touch_pages(msg[0]);
+  };
+  for (int i = 0; i < kWarmup; ++i) one();
+  const std::int64_t t0 = monotonic_ns();
+  int n = 0;
+  for (; n < messages; ++n) {
+    if (n >= kMinMessages && monotonic_ns() - t0 > static_cast<std::int64_t>(time_cap_s * 1e9))
+      break;
+    one();
+  }
+  const double elapsed = static_cast<double>(monotonic_ns() - t0) / 1e9;
+  g_sink = sum;
+  return n / elapsed;
+}
+
+json measure_limits(std::size_t size, const Config& cfg) {
+  const int n = cfg.quick ? kQuickBudget : kBudget / 10;
+  const WakeFloor floor = wake_floor(n, cfg.time_cap_s);
+  json j = wake_floor_json(floor);
+  j["messages_alone_per_s"] = messages_alone_per_s(size, n, cfg.time_cap_s);
+  return j;
+}
+
+// The consumer's rate against the compute ceiling of P producers and one consumer; its
+// one-way latency against half the wake-up floor.
+std::vector<Limit> row_limits(const json& e, const json& measured) {
+  const int producers = e["producers"].get<int>();
+  const Ceiling c = compute_ceiling("a message's stamp, send, receive, checks and page reads",
+                                    producers + 1, "processes");
+  const json& f = e["ferry"];
+  std::vector<Limit> out = {rate_limit("ferry msgs/s", c.name, "msgs/s",
+                                       measured["messages_alone_per_s"].get<double>() * c.factor,
+                                       f["messages_per_s"].get<double>())};
+  for (const char* pct : {"p50", "p99"}) {
+    const double floor = std::min(measured["pipe_1byte_us"][pct].get<double>(),
+                                  measured["shared_word_us"][pct].get<double>());
+    out.push_back(time_limit(std::string("ferry latency ") + pct, kWakeFloorOneWayName, "us",
+                             floor / 2, f["latency_us"][pct].get<double>()));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The machine, sizes and formatting.
 
 std::optional<int> parse_producers(const std::string& s) {
@@ -404,24 +470,33 @@ void print_report(const json& report) {
       "consumer, one-way latency p50 / p99 in microseconds, CPU microseconds per message "
       "(consumer / all producers)\n",
       kCapacity);
-  const std::size_t wp = 4, ws = 9, wr = 17, wl = 15, wx = 13, wc = 16;
-  std::printf("%s%s%s%s%s%s%s%s%s\n", pad("P", wp).c_str(), pad("size", ws).c_str(),
+  const std::size_t wp = 4, ws = 9, wr = 17, wl = 15, wx = 13, wc = 16, wm = 15, wh = 7;
+  std::printf("%s%s%s%s%s%s%s%s%s%s%s%s\n", pad("P", wp).c_str(), pad("size", ws).c_str(),
               pad("ferry msgs/s", wr).c_str(), pad("ferry p50/p99", wl).c_str(),
               pad("torch msgs/s", wr).c_str(), pad("torch p50/p99", wl).c_str(),
-              pad("ferry/torch", wx).c_str(), pad("ferry CPU c/p", wc).c_str(), "torch CPU c/p");
+              pad("ferry/torch", wx).c_str(), pad("limit", wm).c_str(), pad("share", wh).c_str(),
+              pad("p50/p99 share", wl).c_str(), pad("ferry CPU c/p", wc).c_str(), "torch CPU c/p");
   for (const json& e : report["results"]) {
     std::string ratio = "-";
     if (e.contains("ferry") && e.contains("torch")) {
       const double t = e["torch"]["messages_per_s"].get<double>();
       if (t > 0) ratio = num(e["ferry"]["messages_per_s"].get<double>() / t) + "x";
     }
-    std::printf("%s%s%s%s%s%s%s%s%s\n", pad(std::to_string(e["producers"].get<int>()), wp).c_str(),
-                pad(e["size"].get<std::string>(), ws).c_str(),
-                pad(cell_rate(e, "ferry"), wr).c_str(), pad(cell_latency(e, "ferry"), wl).c_str(),
-                pad(cell_rate(e, "torch"), wr).c_str(), pad(cell_latency(e, "torch"), wl).c_str(),
-                pad(ratio, wx).c_str(), pad(cell_cpu(e, "ferry"), wc).c_str(),
-                cell_cpu(e, "torch").c_str());
+    // The rate's limit, then the latency's shares of their floor.
+    const json& l = e["limit"];
+    std::printf(
+        "%s%s%s%s%s%s%s%s%s%s%s%s\n", pad(std::to_string(e["producers"].get<int>()), wp).c_str(),
+        pad(e["size"].get<std::string>(), ws).c_str(), pad(cell_rate(e, "ferry"), wr).c_str(),
+        pad(cell_latency(e, "ferry"), wl).c_str(), pad(cell_rate(e, "torch"), wr).c_str(),
+        pad(cell_latency(e, "torch"), wl).c_str(), pad(ratio, wx).c_str(),
+        pad(limit_cell(l[0]), wm).c_str(), pad(share_cell(l[0]), wh).c_str(),
+        pad(share_cell(l[1]) + " / " + share_cell(l[2]), wl).c_str(),
+        pad(cell_cpu(e, "ferry"), wc).c_str(), cell_cpu(e, "torch").c_str());
   }
+  std::printf(
+      "limit: the compute ceiling, one message's work alone in one thread x min(P + 1, %d cores); "
+      "p50/p99 share: of the %s\n",
+      usable_cores(), kWakeFloorOneWayName.c_str());
 }
 
 int run(const Config& cfg) {
@@ -463,17 +538,27 @@ int run(const Config& cfg) {
   };
 
   json results = json::array();
+  json limits = json::array();
   for (const Point& pt : points) {
+    if (limits.empty() || limits.back()["size_bytes"] != pt.size) {
+      std::fprintf(stderr, "ferry-fanin-bench: limits, %s\n", size_name(pt.size).c_str());
+      json measured = measure_limits(pt.size, cfg);
+      measured["size_bytes"] = pt.size;
+      limits.push_back(measured);
+    }
     std::fprintf(stderr, "ferry-fanin-bench: ferry, %d producers, %s, %d messages each\n",
                  pt.producers, size_name(pt.size).c_str(), pt.messages_per_producer);
     json e;
+    e["name"] = "P=" + std::to_string(pt.producers) + ", " + size_name(pt.size);
     e["producers"] = pt.producers;
     e["size_bytes"] = pt.size;
     e["size"] = size_name(pt.size);
     e["messages"] = pt.producers * pt.messages_per_producer;
     e["ferry"] = to_json(ferry_fanin(pt, cfg.time_cap_s));
+    e["limit"] = limits_json(row_limits(e, limits.back()));
     results.push_back(e);
   }
+  report["limits_measured"] = limits;
 
   bool ok = true;
   std::fprintf(stderr, "ferry-fanin-bench: torch.multiprocessing (%s)\n", cfg.torch.python.c_str());

@@ -627,13 +627,9 @@ void print_limits(const json& results, std::size_t w0) {
   std::vector<std::string> names;
   for (const json& e : results) {
     for (const json& l : e["limit"]) {
-      const std::string value =
-          l["value"].is_null() ? "-"
-                               : num(l["value"].get<double>()) + " " + l["unit"].get<std::string>();
-      const std::string share = l["share"].is_null() ? "-" : fmt("%.3f", l["share"].get<double>());
       std::printf("%s%s%s%s\n", pad(e["size"].get<std::string>(), w0).c_str(),
-                  pad(l["figure"].get<std::string>(), 32).c_str(), pad(value, 14).c_str(),
-                  share.c_str());
+                  pad(l["figure"].get<std::string>(), 32).c_str(), pad(limit_cell(l), 14).c_str(),
+                  share_cell(l).c_str());
       const std::string name = l["name"].get<std::string>();
       if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
