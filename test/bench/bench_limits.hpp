@@ -97,6 +97,42 @@ std::string share_cell(const Json& l) {
   return l["share"].is_number() ? fmt("%.3f", l["share"].template get<double>()) : "-";
 }
 
+// A row's limit cells: of its one limit, or of each of its limits joined by " / ".
+template <class Json>
+std::string limit_cells(const Json& limit) {
+  if (!limit.is_array()) return limit_cell(limit);
+  std::string out;
+  for (const auto& l : limit) out += (out.empty() ? "" : " / ") + limit_cell(l);
+  return out;
+}
+template <class Json>
+std::string share_cells(const Json& limit) {
+  if (!limit.is_array()) return share_cell(limit);
+  std::string out;
+  for (const auto& l : limit) out += (out.empty() ? "" : " / ") + share_cell(l);
+  return out;
+}
+
+// The names of the limits of every row, once each, in the order they first come: what a printed
+// table's limit columns are, said once below it.
+template <class Json>
+std::vector<std::string> limit_names(const Json& rows) {
+  std::vector<std::string> names;
+  auto add = [&](const Json& l) {
+    const auto name = l["name"].template get<std::string>();
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  };
+  for (const auto& row : rows) {
+    const Json& l = row["limit"];
+    if (l.is_array()) {
+      for (const auto& one : l) add(one);
+    } else {
+      add(l);
+    }
+  }
+  return names;
+}
+
 // The cores this process may run on: what a compute ceiling multiplies by, at most.
 inline int usable_cores() {
   cpu_set_t set;

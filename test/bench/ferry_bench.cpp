@@ -624,18 +624,15 @@ void print_limits(const json& results, std::size_t w0) {
       "\nAgainst the limits: the share of its limit each of ferry's figures reaches (row / limit "
       "for a rate, limit / row for a time)\n%s%s%s%s\n",
       pad("size", w0).c_str(), pad("figure", 32).c_str(), pad("limit", 14).c_str(), "share");
-  std::vector<std::string> names;
   for (const json& e : results) {
     for (const json& l : e["limit"]) {
       std::printf("%s%s%s%s\n", pad(e["size"].get<std::string>(), w0).c_str(),
                   pad(l["figure"].get<std::string>(), 32).c_str(), pad(limit_cell(l), 14).c_str(),
                   share_cell(l).c_str());
-      const std::string name = l["name"].get<std::string>();
-      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
   }
   std::printf("limits:\n");
-  for (const std::string& name : names) std::printf("  %s\n", name.c_str());
+  for (const std::string& name : limit_names(results)) std::printf("  %s\n", name.c_str());
 }
 
 void print_report(const json& report, const std::vector<Target>& targets) {

@@ -20,8 +20,10 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 
 #include "runtime/ferry.hpp"
+#include "test/bench/bench_limits.hpp"
 #include "test/bench/bench_support.hpp"
 #include "workers/builtin_tasks.hpp"
 
@@ -40,6 +42,7 @@ struct Config {
   int batches = 2000;
   int batch_size = 64;
   int repeats = 3;
+  double time_cap_s = 2.0;  // for the wake-up floor's round trips
   std::string python = "/usr/bin/python3";
   std::string peer = FERRY_POOL_PEER;
   std::string json_path;
@@ -118,6 +121,57 @@ double mlp_rate(const Config& cfg, int workers) {
   return median(rates);
 }
 
+// ---- the limits (docs/benchmarks.md, "Every row against its limit") --------------------------
+
+// One send and one receive of an empty message through a queue, in one process, one thread: the
+// caller's own part of each task in flight (it sends the task and takes the result; the worker
+// does the same on its side at once), with no process to wake. Microseconds, median of batches.
+double empty_hand_off_alone_us(int messages) {
+  auto q = ferry::TensorQueue::create({8});
+  for (int i = 0; i < 200; ++i) {
+    q.send({}, std::chrono::seconds(60));
+    q.recv(std::chrono::seconds(60));
+  }
+  std::vector<double> per_message;
+  const int batch = std::max(1, messages / 10);
+  for (int b = 0; b < 10; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < batch; ++i) {
+      q.send({}, std::chrono::seconds(60));
+      q.recv(std::chrono::seconds(60));
+    }
+    per_message.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                          batch);
+  }
+  return median(per_message);
+}
+
+// The mlp task alone, on one [batch_size x features] batch, in a forked process with one
+// intra-op thread (this one's threads stay as the pools need them): seconds per task.
+double mlp_alone_s(const Config& cfg) {
+  ferry::bench::Link link;
+  ferry::bench::Child child(
+      [&] {
+        link.child_side();
+        at::set_num_threads(1);
+        const at::Tensor x = at::randn({cfg.batch_size, ferry::kMlpFeatures});
+        for (int i = 0; i < 20; ++i) ferry::reference_mlp(x);
+        std::vector<double> per_task;
+        const int batch = std::max(1, cfg.batches / 10);
+        for (int b = 0; b < 10; ++b) {
+          const auto t0 = Clock::now();
+          for (int i = 0; i < batch; ++i) ferry::reference_mlp(x);
+          per_task.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / batch);
+        }
+        link.send(median(per_task));
+      },
+      "ferry-pool-bench: mlp alone");
+  link.parent_side();
+  const auto s = link.recv<double>();
+  child.wait();
+  return s;
+}
+
 json python_peer(const Config& cfg) {
   if (::access(cfg.python.c_str(), X_OK) != 0) return {{"skipped", cfg.python + " not found"}};
   std::string workers;
@@ -133,6 +187,131 @@ json python_peer(const Config& cfg) {
   while (p && std::fgets(buf, sizeof buf, p)) out += buf;
   if (!p || ::pclose(p) != 0) return {{"skipped", "the Python peer failed: " + cmd}};
   return json::parse(out);
+}
+
+// ---- the rows: ferry's figure, torch's, the ratio, the goal, the limit ----------------------
+
+json row(const std::string& name, const std::string& unit, const json& ferry_figure,
+         const json& torch_figure, const json& ratio, const json& limit) {
+  return {{"name", name},          {"unit", unit},   {"ferry", ferry_figure},
+          {"torch", torch_figure}, {"ratio", ratio}, {"limit", limit}};
+}
+
+// torch's figure at `path` in the peer's JSON, or null where it has none.
+json torch_figure(const json& r, const json::json_pointer& path) {
+  return r["torch"].contains(path) ? r["torch"][path] : json(nullptr);
+}
+
+json ratio_of(const json& a, const json& b) {
+  if (!a.is_number() || !b.is_number() || b.get<double>() <= 0) return nullptr;
+  return a.get<double>() / b.get<double>();
+}
+
+json rows(const json& r, const Config& cfg) {
+  using ferry::bench::limit_json;
+  using ferry::bench::rate_limit;
+  using ferry::bench::time_limit;
+  const json& f = r["ferry"];
+  const json& m = r["limits_measured"];
+  json out = json::array();
+
+  // One task at a time: every hop of caller -> worker -> caller waits for the one before.
+  const json& rt = f["empty_round_trip_us"];
+  json floors = json::array();
+  for (const char* pct : {"p50", "p99"}) {
+    const double floor = std::min(m["wake_floor"]["pipe_1byte_us"][pct].get<double>(),
+                                  m["wake_floor"]["shared_word_us"][pct].get<double>());
+    floors.push_back(
+        json(limit_json(time_limit(std::string("ferry ") + pct, ferry::bench::kWakeFloorName, "us",
+                                   floor, rt[pct].get<double>()))));
+  }
+  const json torch_rt = torch_figure(r, "/empty_round_trip_us/p50"_json_pointer);
+  out.push_back(row("empty task round trip, 1 worker", "us", rt, torch_rt,
+                    ratio_of(torch_rt, rt["p50"]), floors));
+
+  // Tasks in flight: no one waits for an answer, so the caller's own hand-offs bound the rate.
+  const std::string hand_off =
+      "hand-off floor: one send and one receive of an empty message in one process, one thread "
+      "(the caller's part of a task)";
+  const double alone = m["empty_hand_off_alone_us"].get<double>();
+  const json& pipelined = f["empty_pipelined_us_per_task"];
+  const json torch_pipelined = torch_figure(r, "/empty_pipelined_us_per_task"_json_pointer);
+  out.push_back(row("empty tasks in flight, 1 worker, the default depth, per task", "us", pipelined,
+                    torch_pipelined, ratio_of(torch_pipelined, pipelined),
+                    limit_json(time_limit("", hand_off, "us", alone, pipelined.get<double>()))));
+  const json& deep = f["empty_pipelined_deep_us_per_task"];
+  json deep_row =
+      row("empty tasks, " + std::to_string(kDeep) + " in flight, 1 worker, per task", "us", deep,
+          nullptr, nullptr, limit_json(time_limit("", hand_off, "us", alone, deep.get<double>())));
+  deep_row["goal"] = "<= 15 us (either depth)";
+  deep_row["result"] =
+      std::min(pipelined.get<double>(), deep.get<double>()) <= 15 ? "PASS" : "MISS";
+  out.push_back(deep_row);
+
+  // The mlp: its compute alone, as many at once as there are workers and cores.
+  const double one = f["mlp_tasks_per_s"][std::to_string(cfg.workers.front())].get<double>();
+  for (int w : cfg.workers) {
+    const std::string key = std::to_string(w);
+    const double rate = f["mlp_tasks_per_s"][key].get<double>();
+    const ferry::bench::Ceiling c =
+        ferry::bench::compute_ceiling("the mlp task on a [" + std::to_string(cfg.batch_size) +
+                                          " x " + std::to_string(ferry::kMlpFeatures) + "] batch",
+                                      w, "workers");
+    const json torch_rate = torch_figure(r, json::json_pointer("/mlp_tasks_per_s/" + key));
+    json mlp = row("mlp [" + std::to_string(cfg.batch_size) + " x " +
+                       std::to_string(ferry::kMlpFeatures) + "], " + key + " worker(s)",
+                   "tasks/s", rate, torch_rate, ratio_of(rate, torch_rate),
+                   limit_json(rate_limit("", c.name, "tasks/s",
+                                         c.factor / m["mlp_alone_s"].get<double>(), rate)));
+    mlp["of_first"] = rate / one;  // against the first worker count's rate
+    out.push_back(mlp);
+  }
+  return out;
+}
+
+std::string ferry_cell(const json& row) {
+  using ferry::bench::num;
+  const json& f = row["ferry"];
+  std::string cell =
+      f.is_object() ? num(f["p50"].get<double>()) + " (p99 " + num(f["p99"].get<double>()) + ")"
+                    : num(f.get<double>());
+  if (row.contains("of_first")) cell += ", " + num(row["of_first"].get<double>()) + "x";
+  return cell;
+}
+
+std::string goal_cell(const json& row) {
+  if (!row.contains("goal")) return "-";
+  return row["goal"].get<std::string>() + ": " + row["result"].get<std::string>();
+}
+
+std::string number_cell(const json& v, const std::string& suffix = "") {
+  return v.is_number() ? ferry::bench::num(v.get<double>()) + suffix : "-";
+}
+
+// A row's figure, torch's, the ratio (how many times better ferry is), its goal, and its limit
+// with the share reached (p50 / p99 where the row has both); then what each limit is.
+void print_rows(const json& r) {
+  using ferry::bench::pad;
+  std::size_t w = std::string("measurement").size();
+  auto label = [](const json& row) {
+    return row["name"].get<std::string>() + " (" + row["unit"].get<std::string>() + ")";
+  };
+  for (const json& row : r["rows"]) w = std::max(w, label(row).size());
+  std::printf("\nferry-pool-bench, %u cores (medians)\n", r["cores"].get<unsigned>());
+  std::printf("%s%s%s%s%s%s%s\n", pad("measurement", w + 2).c_str(), pad("ferry", 18).c_str(),
+              pad("torch.mp", 10).c_str(), pad("ratio", 9).c_str(), pad("goal", 30).c_str(),
+              pad("limit", 20).c_str(), "share");
+  for (const json& row : r["rows"]) {
+    std::printf("%s%s%s%s%s%s%s\n", pad(label(row), w + 2).c_str(),
+                pad(ferry_cell(row), 18).c_str(), pad(number_cell(row["torch"]), 10).c_str(),
+                pad(number_cell(row["ratio"], "x"), 9).c_str(), pad(goal_cell(row), 30).c_str(),
+                pad(ferry::bench::limit_cells(row["limit"]), 20).c_str(),
+                ferry::bench::share_cells(row["limit"]).c_str());
+  }
+  std::printf("limits:\n");
+  for (const std::string& name : ferry::bench::limit_names(r["rows"])) {
+    std::printf("  %s\n", name.c_str());
+  }
 }
 
 }  // namespace
@@ -165,6 +344,7 @@ int main(int argc, char** argv) {
     if (pipelined->count() == 0) cfg.pipelined = 500;
     cfg.batches = 100;
     cfg.repeats = 1;
+    cfg.time_cap_s = 0.5;
     cfg.workers = {1, 2};
   }
   try {
@@ -173,53 +353,27 @@ int main(int argc, char** argv) {
     r["date"] = ferry::bench::utc_now();
     r["cores"] = cores;
     r["machine"] = {{"cores", cores}, {"cpu_model", cpu_model()}};
+    // The limits first, before any pool: no worker is running beside them.
+    std::fprintf(stderr, "ferry-pool-bench: limits: the wake-up floor, a hand-off alone\n");
+    r["limits_measured"]["wake_floor"] =
+        ferry::bench::wake_floor_json(ferry::bench::wake_floor(cfg.round_trips, cfg.time_cap_s));
+    r["limits_measured"]["empty_hand_off_alone_us"] = empty_hand_off_alone_us(cfg.pipelined);
     std::fprintf(stderr, "ferry-pool-bench: empty-task round trip\n");
     r["ferry"]["empty_round_trip_us"] = empty_round_trip(cfg);
     std::fprintf(stderr, "ferry-pool-bench: empty tasks in flight\n");
     r["ferry"]["empty_pipelined_us_per_task"] =
         empty_pipelined_us(cfg, ferry::PoolOptions{}.max_inflight_per_worker);
     r["ferry"]["empty_pipelined_deep_us_per_task"] = empty_pipelined_us(cfg, kDeep);
+    std::fprintf(stderr, "ferry-pool-bench: limits: the mlp task alone\n");
+    r["limits_measured"]["mlp_alone_s"] = mlp_alone_s(cfg);
     for (int w : cfg.workers) {
       std::fprintf(stderr, "ferry-pool-bench: mlp with %d worker(s)\n", w);
       r["ferry"]["mlp_tasks_per_s"][std::to_string(w)] = mlp_rate(cfg, w);
     }
     std::fprintf(stderr, "ferry-pool-bench: torch.multiprocessing.Pool baseline\n");
     r["torch"] = python_peer(cfg);
-
-    const double rt = r["ferry"]["empty_round_trip_us"]["p50"];
-    std::printf("\nferry-pool-bench, %u cores (medians)\n", r["cores"].get<unsigned>());
-    std::printf("  empty task round trip, 1 worker: ferry %.1f us (p99 %.1f)", rt,
-                r["ferry"]["empty_round_trip_us"]["p99"].get<double>());
-    if (r["torch"].contains("empty_round_trip_us")) {
-      const double py = r["torch"]["empty_round_trip_us"]["p50"];
-      std::printf(", torch.multiprocessing %.1f us: %.1fx faster", py, py / rt);
-    }
-    std::printf("\n");
-    const double pipelined = r["ferry"]["empty_pipelined_us_per_task"];
-    std::printf("  empty tasks in flight, 1 worker, the default depth: ferry %.1f us per task",
-                pipelined);
-    if (r["torch"].contains("empty_pipelined_us_per_task")) {
-      const double py = r["torch"]["empty_pipelined_us_per_task"];
-      std::printf(", torch.multiprocessing %.1f us: %.1fx faster", py, py / pipelined);
-    }
-    const double deep = r["ferry"]["empty_pipelined_deep_us_per_task"];
-    std::printf(
-        "\n  the same with %d in flight (max_inflight_per_worker): ferry %.1f us per task"
-        "  [target <= 15 us: %s]\n",
-        kDeep, deep, std::min(pipelined, deep) <= 15 ? "PASS" : "MISS");
-    const double one = r["ferry"]["mlp_tasks_per_s"][std::to_string(cfg.workers.front())];
-    for (int wi : cfg.workers) {
-      const std::string w = std::to_string(wi);
-      const double f = r["ferry"]["mlp_tasks_per_s"][w];
-      std::printf("  mlp [%d x %lld], %s worker(s): ferry %.0f tasks/s (%.2fx of %d)",
-                  cfg.batch_size, static_cast<long long>(ferry::kMlpFeatures), w.c_str(), f,
-                  f / one, cfg.workers.front());
-      if (r["torch"].contains("mlp_tasks_per_s") && r["torch"]["mlp_tasks_per_s"].contains(w)) {
-        const double py = r["torch"]["mlp_tasks_per_s"][w];
-        std::printf(", torch.multiprocessing %.0f tasks/s: %.2fx", py, f / py);
-      }
-      std::printf("\n");
-    }
+    r["rows"] = rows(r, cfg);
+    print_rows(r);
     if (!cfg.json_path.empty()) std::ofstream(cfg.json_path) << r.dump(2) << "\n";
     return 0;
   } catch (const std::exception& e) {
