@@ -12,6 +12,7 @@
 // p50 is the median; percentiles are nearest-rank, as in the peer. Without a GPU the CUDA rows say
 // why they were skipped and the run exits 0, so `make bench` runs anywhere; docs/benchmarks.md
 // explains the numbers.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,10 +23,12 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <regex>
 #include <string>
@@ -41,6 +44,7 @@
 #include "runtime/ferry.hpp"
 #include "runtime/transport/cuda_ipc/cuda_ipc.hpp"
 #include "runtime/transport/cuda_ipc/stream.hpp"
+#include "test/bench/bench_limits.hpp"
 
 namespace {
 
@@ -433,6 +437,45 @@ json ledger_cost(const Config& cfg) {
           {"sends", cfg.ledger_batches * kLedgerBatch}};
 }
 
+// ---- the limits (docs/benchmarks.md, "Every row against its limit") --------------------------
+
+// A lease's state changes alone: one uncontended compare-and-swap on a word of shared memory per
+// change (in flight, held, released, free), one thread, per send. Microseconds, median of batches.
+double lease_changes_alone_us(int sends) {
+  void* page = ::mmap(nullptr, sizeof(std::atomic<std::uint64_t>), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) throw std::runtime_error("mmap");
+  auto* word = new (page) std::atomic<std::uint64_t>(0);
+  std::uint64_t state = 0;
+  auto send = [&] {
+    for (int change = 0; change < 4; ++change, ++state) {
+      std::uint64_t expected = state;
+      if (!word->compare_exchange_strong(expected, state + 1, std::memory_order_acq_rel))
+        throw std::runtime_error("lease changes: a compare-and-swap failed alone");
+    }
+  };
+  const int batch = std::max(1, sends / 10);
+  std::vector<double> us;
+  for (int b = 0; b < 11; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < batch; ++i) send();
+    if (b > 0) us.push_back(us_since(t0) / batch);  // the first batch warms up
+  }
+  ::munmap(page, sizeof(std::atomic<std::uint64_t>));
+  return percentile(us, 50);
+}
+
+// What the rows are held to, measured before them: the wake-up floor between two processes (this
+// one has not touched CUDA, so it may fork) and the ledger's state changes alone.
+json measure_limits(const Config& cfg) {
+  const auto floor = ferry::bench::wake_floor(cfg.round_trips, cfg.round_trips < 2000 ? 0.5 : 3);
+  json j = ferry::bench::wake_floor_json(floor);
+  j["wake_floor_p50_us"] = floor.p50();
+  j["wake_floor_p99_us"] = floor.p99();
+  j["lease_changes_alone_us"] = lease_changes_alone_us(cfg.ledger_batches * kLedgerBatch);
+  return j;
+}
+
 std::string cuda_version(int v) {
   return v <= 0 ? "none" : std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
@@ -537,6 +580,7 @@ struct Row {
   std::string goal;             // "" when the issue sets none
   std::optional<bool> pass;     // the goal's verdict on ferry's figure; unset without a goal
   bool torch_has_none = false;  // torch has no such figure (not: torch's was not measured)
+  json limit = nullptr;         // what bounds ferry's figure, and the share of it reached
 };
 
 std::string result(const Row& r) {
@@ -561,44 +605,76 @@ std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes, bo
   std::vector<Row> rows;
   auto goal_row = [&](std::string name, std::optional<double> fv, std::optional<double> tv,
                       bool lower, std::string goal, std::optional<bool> pass) {
-    rows.push_back({std::move(name), fv, tv, lower, std::move(goal), pass, false});
+    rows.push_back({std::move(name), fv, tv, lower, std::move(goal), pass, false, nullptr});
   };
+  // The last row's limit, in its unit: `value` where this run measured it, else null and why.
+  auto limit = [&](std::string name, std::string unit, std::optional<double> value,
+                   std::string why = "not measured in this run") {
+    ferry::bench::Limit l =
+        ferry::bench::make_limit(!rows.back().lower_is_better, "", std::move(name), std::move(unit),
+                                 value, rows.back().ferry);
+    if (!value) l.why = std::move(why);
+    rows.back().limit = ferry::bench::limit_json(l);
+  };
+  const std::string& floor = ferry::bench::kWakeFloorName;
+  const auto floor_p50 = get(f, "limits", "wake_floor_p50_us");
+  const auto floor_p99 = get(f, "limits", "wake_floor_p99_us");
+  const std::string lease_changes =
+      "the lease's four state changes alone: an uncontended compare-and-swap each, one thread";
   if (cpu) {
     goal_row("hand-off round trip, 1 MiB CPU tensor, p50 (us)", get(f, "handoff", "p50_us"),
              get(t, "handoff", "p50_us"), true, "", std::nullopt);
+    limit(floor, "us", floor_p50);
     goal_row("hand-off round trip, 1 MiB CPU tensor, p99 (us)", get(f, "handoff", "p99_us"),
              get(t, "handoff", "p99_us"), true, "", std::nullopt);
+    limit(floor, "us", floor_p99);
     goal_row("ledger cost per send (us)", get(f, "ledger", "per_send_us"), std::nullopt, true, "",
              std::nullopt);
     rows.back().torch_has_none = true;
+    limit(lease_changes, "us", get(f, "limits", "lease_changes_alone_us"));
     return rows;
   }
   const auto handoff = get(f, "handoff", "p50_us");
   goal_row("cached hand-off round trip, 1 MiB, p50 (us)", handoff, get(t, "handoff", "p50_us"),
            true, "ferry <= " + fmt("%g", kHandoffGoalUs) + " us",
            handoff && *handoff <= kHandoffGoalUs);
+  limit(floor, "us", floor_p50);
   goal_row("cached hand-off round trip, 1 MiB, p99 (us)", get(f, "handoff", "p99_us"),
            get(t, "handoff", "p99_us"), true, "", std::nullopt);
+  limit(floor, "us", floor_p99);
   goal_row("first receive from a new block, p50 (us)", get(f, "first_open", "open_recv_us"),
            get(t, "first_open", "open_recv_us"), true, "", std::nullopt);
+  limit("the driver's cudaIpcOpenMemHandle of the block, after a wake-up", "us", std::nullopt,
+        "this run does not time the driver's open alone (ferry-cuda-sync-bench's cell F does)");
+  // The receiver's recv waits out its own answer and the next send: a round trip of wake-ups.
   goal_row("receive from an open block, p50 (us)", get(f, "first_open", "cached_recv_us"),
            get(t, "first_open", "cached_recv_us"), true, "", std::nullopt);
+  limit(floor, "us", floor_p50);
   const std::string size = fmt("%g", static_cast<double>(copy_bytes) / (1 << 20)) + " MiB";
+  const auto device_copy = get(f, "copy", "device_memcpy_GBps");
+  const std::string device_copy_name = "a device-to-device copy of the same bytes on cuda:0";
   goal_row("copy-on-send, " + size + " (GB/s)", get(f, "copy", "copy_on_send_GBps"),
            get(t, "copy", "copy_on_send_GBps"), false, "", std::nullopt);
-  goal_row("device-to-device copy, " + size + " (GB/s)", get(f, "copy", "device_memcpy_GBps"),
+  limit(device_copy_name, "GB/s", device_copy);
+  goal_row("device-to-device copy, " + size + " (GB/s)", device_copy,
            get(t, "copy", "device_memcpy_GBps"), false, "", std::nullopt);
+  limit("the device's memory bandwidth", "GB/s", std::nullopt,
+        "this row is the copy rows' limit; the device's own bandwidth is not read here");
   // What a receiver pays to copy what it received by handle, instead of using it in place.
   goal_row("peer copy by the receiver, " + size + " (GB/s)", get(f, "copy", "peer_copy_GBps"),
            std::nullopt, false, "", std::nullopt);
   rows.back().torch_has_none = true;
+  limit(device_copy_name, "GB/s", device_copy);
   const auto ratio = get(f, "copy", "ratio");
   goal_row("copy-on-send / device-to-device copy", ratio, get(t, "copy", "ratio"), false,
            "ferry >= " + fmt("%.2f", kCopyGoalRatio), ratio && *ratio >= kCopyGoalRatio);
+  limit(device_copy_name + " (a ratio of 1)", "x", 1.0);
+  rows.back().limit["source"] = "by definition: the ratio is to that copy";
   // torch.multiprocessing counts its references inside put() and get(): no separate figure.
   goal_row("ledger cost per send (us)", get(f, "ledger", "per_send_us"), std::nullopt, true, "",
            std::nullopt);
   rows.back().torch_has_none = true;
+  limit(lease_changes, "us", get(f, "limits", "lease_changes_alone_us"));
   return rows;
 }
 
@@ -606,16 +682,25 @@ std::string pad(const std::string& s, std::size_t w) {
   return s.size() >= w ? s + "  " : s + std::string(w - s.size(), ' ');
 }
 
+// Beside each row, its limit and the share of it ferry's figure reached; then what each limit is.
 void print_table(const std::vector<Row>& rows) {
-  std::printf("\n%s%s%s%s%s%s\n", pad("measurement", 46).c_str(), pad("ferry", 10).c_str(),
+  std::printf("\n%s%s%s%s%s%s%s%s\n", pad("measurement", 46).c_str(), pad("ferry", 10).c_str(),
               pad("torch.mp", 10).c_str(), pad("ratio", 9).c_str(), pad("goal", 16).c_str(),
-              "result");
+              pad("result", 8).c_str(), pad("limit", 12).c_str(), "share");
+  json limits = json::array();
   for (const Row& r : rows) {
     const auto a = advantage(r);
-    std::printf("%s%s%s%s%s%s\n", pad(r.name, 46).c_str(), pad(cell(r.ferry), 10).c_str(),
+    std::printf("%s%s%s%s%s%s%s%s\n", pad(r.name, 46).c_str(), pad(cell(r.ferry), 10).c_str(),
                 pad(r.torch_has_none ? "n/a" : cell(r.torch), 10).c_str(),
                 pad(a ? num(*a) + "x" : "-", 9).c_str(),
-                pad(r.goal.empty() ? "-" : r.goal, 16).c_str(), result(r).c_str());
+                pad(r.goal.empty() ? "-" : r.goal, 16).c_str(), pad(result(r), 8).c_str(),
+                pad(ferry::bench::limit_cell(r.limit), 12).c_str(),
+                ferry::bench::share_cell(r.limit).c_str());
+    limits.push_back({{"limit", r.limit}});
+  }
+  std::printf("limits:\n");
+  for (const std::string& name : ferry::bench::limit_names(limits)) {
+    std::printf("  %s\n", name.c_str());
   }
 }
 
@@ -628,7 +713,8 @@ json rows_json(const std::vector<Row>& rows) {
                    {"torch_multiprocessing", r.torch ? json(*r.torch) : json(nullptr)},
                    {"ratio", a ? json(*a) : json(nullptr)},
                    {"goal", r.goal.empty() ? json(nullptr) : json(r.goal)},
-                   {"result", r.goal.empty() ? json(nullptr) : json(result(r))}});
+                   {"result", r.goal.empty() ? json(nullptr) : json(result(r))},
+                   {"limit", r.limit}});
   }
   return out;
 }
@@ -702,7 +788,7 @@ bool report(json& doc) {
   const json& c = doc["config"];
   const std::vector<Row> rows = table(f, t, c.value("copy_bytes", std::int64_t{0}), cpu);
   print_table(rows);
-  doc["table"] = rows_json(rows);
+  doc["rows"] = rows_json(rows);
   if (f.contains("breakdown") && f["breakdown"].contains("steps")) print_steps(f["breakdown"]);
   if (const auto d = get(t, "handoff_dropped", "p50_us"))
     std::printf(
@@ -784,6 +870,7 @@ int main(int argc, char** argv) {
   }
 
   json doc;
+  doc["tool"] = "ferry-cuda-bench";
   doc["machine"] = {{"libtorch", libtorch_version()}};
   doc["device"] = cfg.device;
   doc["config"] = {{"round_trips", cfg.round_trips},
@@ -800,6 +887,7 @@ int main(int argc, char** argv) {
   };
   if (cfg.device == "cpu") {
     doc["status"] = "ok";
+    doc["ferry"]["limits"] = measure_limits(cfg);
     measure_handoff();
     doc["ferry"]["ledger"] = in_child("ledger", [&] { return ledger_cost(cfg); });
     doc["torch_multiprocessing"] = python_peer(cfg);
@@ -825,6 +913,7 @@ int main(int argc, char** argv) {
   } else {
     doc["status"] = "ok";
     doc["machine"]["gpu"] = gpu_info();
+    doc["ferry"]["limits"] = measure_limits(cfg);
     // Each measurement runs in a process of its own, forked from this one, which never touches
     // CUDA: so each can fork its receiver before its own first CUDA call.
     measure_handoff();
