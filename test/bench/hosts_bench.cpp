@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "hosts/host_link.hpp"
+#include "test/bench/bench_limits.hpp"
 #include "test/bench/bench_support.hpp"
 
 namespace {
@@ -250,6 +251,24 @@ json measure(const Transport& t, std::size_t bytes, int round_trips, int message
           {"messages", messages}};
 }
 
+// The link carries a frame and a tensor over TCP: what bounds it is a raw TCP socket moving the
+// same bytes alone on the same link, measured in this run (docs/benchmarks.md, "Every row against
+// its limit").
+json row_limits(const json& e) {
+  const std::string tcp = "a raw TCP socket on the same link, the bytes alone (TCP_NODELAY)";
+  const json& link = e["ferry link"];
+  const json& raw = e["raw TCP"];
+  std::vector<Limit> out;
+  for (const char* pct : {"p50", "p99"}) {
+    out.push_back(time_limit(std::string("link round trip ") + pct, tcp, "us",
+                             raw["round_trip_us"][pct].get<double>(),
+                             link["round_trip_us"][pct].get<double>()));
+  }
+  out.push_back(rate_limit("link bandwidth", tcp, "GB/s", raw["gb_per_s"].get<double>(),
+                           link["gb_per_s"].get<double>()));
+  return limits_json(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +313,7 @@ int main(int argc, char** argv) {
                    size_name(bytes).c_str(), round_trips, messages);
       json e = {{"size_bytes", bytes}, {"size", size_name(bytes)}};
       for (const Transport& t : transports) e[t.name] = measure(t, bytes, round_trips, messages);
+      e["limit"] = row_limits(e);
       results.push_back(e);
     }
   } catch (const std::exception& e) {
@@ -302,16 +322,18 @@ int main(int argc, char** argv) {
   }
   const CpuSample after = sample_cpu();
 
-  json report = {{"machine", machine_info("none")},
+  json report = {{"tool", "ferry-hosts-bench"},
+                 {"machine", machine_info("none")},
                  {"machine_activity", activity(before, after)},
                  {"address", cfg.address},
                  {"results", results}};
   std::printf("\nferry-hosts-bench on %s, %d cores, between two processes over %s\n",
               report["machine"]["cpu_model"].get<std::string>().c_str(),
               report["machine"]["cores"].get<int>(), cfg.address.c_str());
-  std::printf("%-8s %-20s %-20s %-20s %-12s %-9s %-9s %-9s %s\n", "size", "link RTT p50/p99 us",
-              "Gloo RTT p50/p99", "TCP RTT p50/p99", "link/Gloo", "link GB/s", "Gloo GB/s",
-              "TCP GB/s", "link/Gloo GB/s");
+  std::printf("%-8s %-20s %-20s %-20s %-12s %-9s %-9s %-9s %-15s %s\n", "size",
+              "link RTT p50/p99 us", "Gloo RTT p50/p99", "TCP RTT p50/p99", "link/Gloo",
+              "link GB/s", "Gloo GB/s", "TCP GB/s", "link/Gloo GB/s",
+              "share of raw TCP: RTT p50 / p99 / GB/s");
   for (const json& e : results) {
     auto rtt = [&](const char* t) {
       return num(e[t]["round_trip_us"]["p50"].get<double>()) + " / " +
@@ -321,16 +343,20 @@ int main(int argc, char** argv) {
                             e["plain Gloo"]["round_trip_us"]["p50"].get<double>();
     const double bw_ratio =
         e["ferry link"]["gb_per_s"].get<double>() / e["plain Gloo"]["gb_per_s"].get<double>();
-    std::printf("%-8s %-20s %-20s %-20s %-12s %-9s %-9s %-9s %s\n",
+    std::printf("%-8s %-20s %-20s %-20s %-12s %-9s %-9s %-9s %-15s %s\n",
                 e["size"].get<std::string>().c_str(), rtt("ferry link").c_str(),
                 rtt("plain Gloo").c_str(), rtt("raw TCP").c_str(),
                 (fmt("%.2fx", rt_ratio) + (rt_ratio <= 1.5 ? " PASS" : " MISS")).c_str(),
                 num(e["ferry link"]["gb_per_s"].get<double>()).c_str(),
                 num(e["plain Gloo"]["gb_per_s"].get<double>()).c_str(),
                 num(e["raw TCP"]["gb_per_s"].get<double>()).c_str(),
-                (fmt("%.2fx", bw_ratio) + (bw_ratio >= 0.9 ? " PASS" : " MISS")).c_str());
+                (fmt("%.2fx", bw_ratio) + (bw_ratio >= 0.9 ? " PASS" : " MISS")).c_str(),
+                share_cells(e["limit"]).c_str());
   }
   std::printf("goals: link round trip <= 1.5x plain Gloo's, link bandwidth >= 0.9x plain Gloo's\n");
+  std::printf(
+      "limit: the raw TCP columns, the same bytes alone on the same link; share: raw TCP's "
+      "round trip / the link's, the link's GB/s / raw TCP's\n");
   if (!cfg.json_path.empty()) {
     std::ofstream(cfg.json_path) << report.dump(2) << "\n";
     std::printf("wrote %s\n", cfg.json_path.c_str());
