@@ -6,6 +6,7 @@
 
 #include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -131,6 +132,14 @@ std::vector<std::string> limit_names(const Json& rows) {
     }
   }
   return names;
+}
+
+// CPU time of this process, all threads, in seconds: what a task done alone costs, whatever else
+// the machine runs meanwhile (its wall time would count what others took from it too).
+inline double cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
 // The cores this process may run on: what a compute ceiling multiplies by, at most.

@@ -125,7 +125,8 @@ double mlp_rate(const Config& cfg, int workers) {
 
 // One send and one receive of an empty message through a queue, in one process, one thread: the
 // caller's own part of each task in flight (it sends the task and takes the result; the worker
-// does the same on its side at once), with no process to wake. Microseconds, median of batches.
+// does the same on its side at once), with no process to wake. CPU microseconds, median of
+// batches.
 double empty_hand_off_alone_us(int messages) {
   auto q = ferry::TensorQueue::create({8});
   for (int i = 0; i < 200; ++i) {
@@ -135,19 +136,18 @@ double empty_hand_off_alone_us(int messages) {
   std::vector<double> per_message;
   const int batch = std::max(1, messages / 10);
   for (int b = 0; b < 10; ++b) {
-    const auto t0 = Clock::now();
+    const double t0 = ferry::bench::cpu_seconds();
     for (int i = 0; i < batch; ++i) {
       q.send({}, std::chrono::seconds(60));
       q.recv(std::chrono::seconds(60));
     }
-    per_message.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
-                          batch);
+    per_message.push_back((ferry::bench::cpu_seconds() - t0) * 1e6 / batch);
   }
   return median(per_message);
 }
 
 // The mlp task alone, on one [batch_size x features] batch, in a forked process with one
-// intra-op thread (this one's threads stay as the pools need them): seconds per task.
+// intra-op thread (this one's threads stay as the pools need them): CPU seconds per task.
 double mlp_alone_s(const Config& cfg) {
   ferry::bench::Link link;
   ferry::bench::Child child(
@@ -159,9 +159,9 @@ double mlp_alone_s(const Config& cfg) {
         std::vector<double> per_task;
         const int batch = std::max(1, cfg.batches / 10);
         for (int b = 0; b < 10; ++b) {
-          const auto t0 = Clock::now();
+          const double t0 = ferry::bench::cpu_seconds();
           for (int i = 0; i < batch; ++i) ferry::reference_mlp(x);
-          per_task.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / batch);
+          per_task.push_back((ferry::bench::cpu_seconds() - t0) / batch);
         }
         link.send(median(per_task));
       },
