@@ -30,6 +30,12 @@ neither inherits the other's state. Rows:
                   (median of repeats) and CPU seconds per batch of the loop's process and the
                   workers together (/proc/<pid>/stat).
 
+Each row also holds ferry's figure against what bounds it, measured in the same run, and prints
+the share of it reached (docs/benchmarks.md, "Every row against its limit"): round trips against
+the wake-up floor between two Python processes (plus a copy, forwarded), fresh tensors against
+writing every byte (and copying it once, not born shared) alone, the pool against the caller's
+put and get alone, the MLP and the loader against their work alone x min(2 workers, cores).
+
 Every ratio is ferry's advantage: torch / ferry for times, ferry / torch for rates. A MISS is
 information, not a failure: the run exits 0 when every measurement ran and 1 when one failed
 (a child died, a wait timed out, a check of the data or of ferry's copy counters failed).
@@ -38,6 +44,7 @@ information, not a failure: the run exits 0 when every measurement ran and 1 whe
 import argparse
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import platform
@@ -49,6 +56,8 @@ import time
 import traceback
 
 import torch
+
+import bench_limits
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -407,33 +416,48 @@ class Report:
         self.rows = []
         self.failures = []
 
-    def add(self, name, unit, ferry_v, torch_v, ratio, goal=None, cells=None, **extra):
-        """goal: the ratio ferry must reach, or None for a row that is information."""
+    def add(self, name, unit, ferry_v, torch_v, ratio, goal=None, cells=None, limit=None,
+            **extra):
+        """goal: the ratio ferry must reach, or None for a row that is information. limit: what
+        bounds ferry's figure, as (name, value in the row's unit, True for a rate)."""
         result = ""
         if ratio is not None and goal is not None:
             result = "PASS" if ratio >= goal else "MISS"
+        lim_name, lim_value, rate = limit
         self.rows.append({"name": name, "unit": unit, "ferry": ferry_v, "torch": torch_v,
                           "ratio": ratio, "goal": goal, "result": result, "status": "ok",
-                          "cells": cells, **extra})
+                          "cells": cells,
+                          "limit": bench_limits.limit(lim_name, unit, lim_value, ferry_v, rate),
+                          **extra})
 
     def fail(self, name, error):
         self.failures.append(f"{name}: {error}")
-        self.rows.append({"name": name, "status": "failed", "error": str(error)})
+        # A failed row still names its limit's place, with no share and why.
+        self.rows.append({"name": name, "status": "failed", "error": str(error),
+                          "limit": bench_limits.limit("the row's limit", "-", None, None, True,
+                                                      why=f"the row failed: {error}")})
 
     def print(self, header):
         print(header)
         print()
-        print("| measurement | ferry | torch.multiprocessing | ratio | goal | result |")
-        print("|---|---:|---:|---:|---|---|")
+        print("| measurement | ferry | torch.multiprocessing | ratio | goal | result | limit "
+              "| share |")
+        print("|---|---:|---:|---:|---|---|---:|---:|")
         for r in self.rows:
             if r["status"] == "failed":
-                print(f"| {r['name']} | failed | | | | |")
+                print(f"| {r['name']} | failed | | | | | | |")
                 continue
             f_cell, t_cell = r["cells"] or (fmt(r["ferry"]), fmt(r["torch"]))
             ratio = "n/a" if r["ratio"] is None else f"{fmt(r['ratio'])}x"
             goal = "" if r["goal"] is None else f"≥ {r['goal']:g}x"
             result = f"**{r['result']}**" if r["result"] == "MISS" else r["result"]
-            print(f"| {r['name']} | {f_cell} | {t_cell} | {ratio} | {goal} | {result} |")
+            lim = r["limit"]
+            print(f"| {r['name']} | {f_cell} | {t_cell} | {ratio} | {goal} | {result} | "
+                  f"{bench_limits.limit_cell(lim)} | {bench_limits.share_cell(lim)} |")
+        print("limits (share: ferry's fraction of its limit, row / limit for a rate, limit / row "
+              "for a time):")
+        for name in bench_limits.limit_names(r for r in self.rows if r["status"] == "ok"):
+            print(f"  {name}")
         for f in self.failures:
             print(f"failed: {f}")
         sys.stdout.flush()
@@ -473,6 +497,72 @@ def cpu_seconds():
     return busy, own
 
 
+# -- the limits (docs/benchmarks.md, "Every row against its limit") -------------------------------
+
+def alone_calls(count, at_least=2, at_most=1000):
+    return max(at_least, min(at_most, count))
+
+
+def copy_alone_s(n, calls):
+    """One copy of n bytes into one of 9 destinations in turn, one thread: the least a forwarded
+    tensor's copy costs."""
+    src = torch.empty(n, dtype=torch.uint8).fill_(1)
+    dst = itertools.cycle([torch.zeros(n, dtype=torch.uint8) for _ in range(9)])
+    with bench_limits.one_thread():
+        return bench_limits.seconds_alone(lambda: next(dst).copy_(src), calls)
+
+
+def make_alone_s(n, calls, copied):
+    """The least a producer of fresh tensors does, alone: write every byte of the tensor (fill_ of
+    one already made: where it is allocated is the transport's business, and ferry's arena hands
+    out warm blocks), and with `copied`, copy it once more (into one of 9 destinations in turn):
+    what moving it into shared memory adds. One thread."""
+    t = torch.empty(n, dtype=torch.uint8)
+    dst = itertools.cycle([torch.zeros(n, dtype=torch.uint8) for _ in range(9 if copied else 1)])
+
+    def one():
+        t.fill_(1)
+        if copied:
+            next(dst).copy_(t)
+
+    with bench_limits.one_thread():
+        return bench_limits.seconds_alone(one, calls)
+
+
+def hand_off_alone_s(calls):
+    """One put and one get of a task's message (a function and its argument) through a ferry.Queue
+    in one process, one thread: the caller's own part of a task in flight, no process to wake."""
+    import ferry
+
+    q = ferry.Queue()
+
+    def one():
+        q.put((noop, 1))
+        q.get(timeout=TIMEOUT)
+
+    with bench_limits.one_thread():
+        return bench_limits.seconds_alone(one, calls)
+
+
+def mlp_alone_s(calls):
+    model, x = build_mlp(), torch.randn(64, 256)
+    with torch.no_grad(), bench_limits.one_thread():
+        return bench_limits.seconds_alone(lambda: model(x), calls)
+
+
+def batch_alone_s(batch, calls):
+    """A DataLoader worker's batch alone: every sample made, then stacked into a batch made
+    once (allocation aside, as in make_alone_s), one thread."""
+    data = Images(batch)
+    out = torch.empty(batch, 3, 224, 224)
+
+    def one():
+        torch.stack([data[i][0] for i in range(batch)], out=out)
+
+    with bench_limits.one_thread():
+        return bench_limits.seconds_alone(one, calls, batches=3)
+
+
 # -- the rows -------------------------------------------------------------------------------------
 
 def queue_rows(report, cfg, results):
@@ -482,6 +572,10 @@ def queue_rows(report, cfg, results):
             sides[kind] = Side(kind)
         for side in sides.values():
             side.wait_ready()
+        # With both peers started and idle: the floor every round trip is held to.
+        floor = bench_limits.wake_floor(cfg["rt_trips"], cfg["rt_cap"])
+        limits = results.setdefault("limits", {})
+        limits["wake_floor"] = floor
 
         def measure(name, fn):
             out = {}
@@ -506,10 +600,18 @@ def queue_rows(report, cfg, results):
                 except Failed as e:
                     report.fail(f"{label}, p50 (us)", e)
                     continue
+                # Forwarded, the child's put copies the tensor it received: the floor, plus a copy.
+                name, copy_us = bench_limits.WAKE_FLOOR, 0.0
+                if forward:
+                    copy_us = copy_alone_s(n, alone_calls(MIB * 64 // n, at_most=200)) * 1e6
+                    limits[f"copy_{n}_us"] = copy_us
+                    name += ", plus one copy of the tensor (the child's put), one thread"
                 report.add(f"{label}, p50 (us)", "us", f["p50_us"], t["p50_us"],
-                           t["p50_us"] / f["p50_us"], None if forward else GOAL_ROUND_TRIP)
+                           t["p50_us"] / f["p50_us"], None if forward else GOAL_ROUND_TRIP,
+                           limit=(name, floor["p50_us"] + copy_us, False))
                 report.add(f"{label}, p99 (us)", "us", f["p99_us"], t["p99_us"],
-                           t["p99_us"] / f["p99_us"])
+                           t["p99_us"] / f["p99_us"],
+                           limit=(name, floor["p99_us"] + copy_us, False))
 
         # Born shared: the child makes each tensor inside ferry.shared_allocations(), as a
         # Pool's worker or a process of ferry's context does by default; "copied": the same with
@@ -531,12 +633,20 @@ def queue_rows(report, cfg, results):
                 continue
             results[label] = runs
             rate = {k: statistics.median(r["msgs_per_s"] for r in v) for k, v in runs.items()}
-            for row, kind, goal in ((label, "ferry", GOAL_FRESH.get(n, GOAL_THROUGHPUT)),
-                                    (copied_label, "ferry_copied", None)):
+            # One producer makes every message: its own work, alone, is the ceiling.
+            calls = alone_calls(tp_count(n, cfg) // 4, at_most=50)
+            for row, kind, goal, copied in (
+                    (label, "ferry", GOAL_FRESH.get(n, GOAL_THROUGHPUT), False),
+                    (copied_label, "ferry_copied", None, True)):
+                task = ("writing every byte of the tensor" +
+                        (", then one copy of it" if copied else ""))
+                name, factor = bench_limits.ceiling(task, 1, "producer")
+                alone_s = make_alone_s(n, calls, copied)
+                limits[f"make{'_copy' if copied else ''}_{n}_s"] = alone_s
                 cells = tuple(f"{fmt(rate[k])} ({fmt(rate[k] * n / 1e9)})"
                               for k in (kind, "torch"))
                 report.add(row, "msgs/s", rate[kind], rate["torch"], rate[kind] / rate["torch"],
-                           goal, cells=cells, bytes=n)
+                           goal, cells=cells, limit=(name, factor / alone_s, True), bytes=n)
     finally:
         for side in sides.values():
             side.close()
@@ -573,6 +683,12 @@ def pool_rows(report, cfg, results):
     import torch.multiprocessing as tmp
 
     pools = {}
+    limits = results.setdefault("limits", {})
+    # Before any pool starts: the caller's own hand-offs, and the MLP alone.
+    hand_off_s = hand_off_alone_s(alone_calls(cfg["noop_tasks"]))
+    limits["hand_off_alone_us"] = hand_off_s * 1e6
+    mlp_s = mlp_alone_s(alone_calls(cfg["mlp_tasks"] // 4))
+    limits["mlp_alone_s"] = mlp_s
     try:
         # torch's workers start in the background, ferry's constructor waits for its own: making
         # torch's first lets both start at once.
@@ -592,8 +708,10 @@ def pool_rows(report, cfg, results):
                     times[kind].append(s / cfg["noop_tasks"] * 1e6)
             results[label] = times
             us = {k: statistics.median(v) for k, v in times.items()}
+            hand_off = ("hand-off floor: one put and one get of a task's message through a "
+                        "ferry.Queue in one process, one thread (the caller's part of a task)")
             report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"],
-                       GOAL_POOL)
+                       GOAL_POOL, limit=(hand_off, hand_off_s * 1e6, False))
         except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
             report.fail(label, e)
 
@@ -608,7 +726,11 @@ def pool_rows(report, cfg, results):
                     lat[kind].append((time.perf_counter() - t0) * 1e6)
             results[label] = lat
             us = {k: statistics.median(v) for k, v in lat.items()}
-            report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"])
+            # The queue rows' floor, unless they failed before measuring it.
+            floor = limits.get("wake_floor") or bench_limits.wake_floor(cfg["rt_trips"],
+                                                                        cfg["rt_cap"])
+            report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"],
+                       limit=(bench_limits.WAKE_FLOOR, floor["p50_us"], False))
         except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
             report.fail(label, e)
 
@@ -633,7 +755,9 @@ def pool_rows(report, cfg, results):
                     rates[kind].append(cfg["mlp_tasks"] / s)
             results[label] = rates
             r = {k: statistics.median(v) for k, v in rates.items()}
-            report.add(label, "tasks/s", r["ferry"], r["torch"], r["ferry"] / r["torch"])
+            name, factor = bench_limits.ceiling("the MLP on a 64x256 input", POOL_WORKERS)
+            report.add(label, "tasks/s", r["ferry"], r["torch"], r["ferry"] / r["torch"],
+                       limit=(name, factor / mlp_s, True))
         except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
             report.fail(label, e)
     except Exception as e:  # noqa: BLE001 - a pool that did not start fails both rows
@@ -688,6 +812,9 @@ def loader_rows(report, cfg, results):
     batch, batches = 64, cfg["loader_batches"]
     label = "dataloader 38.5 MB batches, 2 workers, samples/s"
     try:
+        # A worker's batch alone, before any worker starts: the loader's compute ceiling.
+        batch_s = batch_alone_s(batch, alone_calls(batches // 4, at_least=1))
+        results.setdefault("limits", {})["batch_alone_s"] = batch_s
         rates = {"ferry": [], "torch": []}
         cpu = {"ferry": [], "torch": []}
         for kind in ("ferry", "torch"):
@@ -713,10 +840,13 @@ def loader_rows(report, cfg, results):
         results[label] = {"samples_per_s": rates, "cpu_s_per_batch": cpu}
         r = {k: statistics.median(v) for k, v in rates.items()}
         c = {k: statistics.median(v) for k, v in cpu.items()}
+        name, factor = bench_limits.ceiling("a batch's samples made and stacked", POOL_WORKERS)
         report.add(label, "samples/s", r["ferry"], r["torch"], r["ferry"] / r["torch"],
-                   GOAL_LOADER)
+                   GOAL_LOADER, limit=(name, factor * batch / batch_s, True))
         report.add("dataloader CPU s per batch (loop + workers)", "s", c["ferry"], c["torch"],
-                   c["torch"] / c["ferry"])
+                   c["torch"] / c["ferry"],
+                   limit=("a batch's samples made and stacked alone, one thread (CPU s)",
+                          batch_s, False))
     except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
         report.fail(label, e)
 
@@ -766,8 +896,8 @@ def main(argv):
               "by other processes")
     report.print(header)
     if args.json:
-        doc = {"machine": info, "quick": args.quick, "config": cfg, "seconds": seconds,
-               "load": load,
+        doc = {"tool": "ferry-python-bench", "machine": info, "quick": args.quick, "config": cfg,
+               "seconds": seconds, "load": load,
                "goals": {"round_trip": GOAL_ROUND_TRIP, "throughput": GOAL_THROUGHPUT,
                          "pool": GOAL_POOL, "loader": GOAL_LOADER},
                "rows": report.rows, "measurements": results, "failures": report.failures}

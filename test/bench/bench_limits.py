@@ -1,0 +1,219 @@
+"""What the Python benchmarks share to hold each row against its limit (docs/benchmarks.md, "Every
+row against its limit"): a limit's JSON and its cells in a printed table, the cores a compute
+ceiling scales by, the time of a task done alone, and the wake-up floor between two processes.
+Standard library only: torch is imported where a caller asks for one thread.
+"""
+
+import contextlib
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MEASURED = "measured in this run"
+WAKE_FLOOR = ("wake-up floor: the faster of a 1-byte pipe and a shared-word round trip between "
+              "two Python processes")
+
+
+def limit(name, unit, value, reached, rate, figure=None, source=MEASURED, why=None):
+    """The limit object of one figure: `reached` is the row's own figure, `value` the limit in
+    the same unit; a rate reaches reached / value of it, a time value / reached. Either missing:
+    no share, and `why` (or a default) says so."""
+    share = None
+    if value is not None and reached is not None and value > 0 and reached > 0:
+        share = reached / value if rate else value / reached
+    out = {"figure": figure} if figure else {}
+    out.update(name=name, unit=unit, value=value, share=share, source=source)
+    if share is None:
+        out["why"] = why or ("the limit was not measured" if value is None
+                             else "the row has no figure")
+    return out
+
+
+def cores():
+    """The cores this process may run on: what a compute ceiling multiplies by, at most."""
+    return len(os.sched_getaffinity(0))
+
+
+def ceiling(task, workers, who="workers"):
+    """(name, factor) of a compute ceiling: the task alone, one thread, x min(workers, cores)."""
+    c = cores()
+    return (f"compute ceiling: {task} alone, one thread, x min({workers} {who}, {c} cores)",
+            min(workers, c))
+
+
+def _cells(lim):
+    value = lim["value"]
+    share = lim["share"]
+    return ("-" if value is None else f"{value:.3g} {lim['unit']}",
+            "-" if share is None else f"{share:.3f}")
+
+
+def limit_cell(lim):
+    """"value unit" of one limit, or of each of a list joined by " / "."""
+    lims = lim if isinstance(lim, list) else [lim]
+    return " / ".join(_cells(one)[0] for one in lims)
+
+
+def share_cell(lim):
+    lims = lim if isinstance(lim, list) else [lim]
+    return " / ".join(_cells(one)[1] for one in lims)
+
+
+def limit_names(rows):
+    """Every row's limit names, once each, in the order they first come."""
+    names = []
+    for row in rows:
+        lim = row.get("limit") or []
+        for one in lim if isinstance(lim, list) else [lim]:
+            if one["name"] not in names:
+                names.append(one["name"])
+    return names
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch with one intra-op thread inside, as many as before after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def seconds_alone(fn, calls, batches=5):
+    """CPU seconds per call of fn(), done alone in this process (CPU time: what others take from
+    the machine meanwhile does not count): the median of `batches` batches of `calls` calls, after
+    one batch that warms up."""
+    per_call = []
+    for b in range(batches + 1):
+        t0 = time.process_time()
+        for _ in range(calls):
+            fn()
+        if b:
+            per_call.append((time.process_time() - t0) / calls)
+    return statistics.median(per_call)
+
+
+# -- the wake-up floor between two processes ------------------------------------------------------
+
+_PIPE_PEER = r"""
+import os, sys
+r, w = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    b = os.read(r, 1)
+    if not b or b == b"q":
+        break
+    os.write(w, b)
+"""
+
+# Answers each byte written at [0] by writing it at [1]; 255 ends it. Yields the core after a
+# few thousand polls (some tens of microseconds), so two processes on one core still take turns.
+_WORD_PEER = r"""
+import mmap, os, sys, time
+with open(sys.argv[1], "r+b") as f:
+    m = mmap.mmap(f.fileno(), 2)
+seen, start = 0, time.monotonic()
+while True:
+    polls = 0
+    while m[0] == seen:
+        polls += 1
+        if polls > 2000:
+            os.sched_yield()
+            if polls % 1000 == 0 and time.monotonic() - start > 600:
+                sys.exit(1)
+    seen = m[0]
+    if seen == 255:
+        break
+    m[1] = seen
+"""
+
+
+def percentile(sorted_values, pct):
+    """Nearest rank, as the C++ benchmarks define it."""
+    k = -(-pct * len(sorted_values) // 100) - 1
+    return sorted_values[max(0, min(len(sorted_values) - 1, k))]
+
+
+def time_trips(trips, cap, trip):
+    """{p50, p99, n} in microseconds of trip(), after a warm-up of a tenth (at least 5): `trips`
+    times, or fewer once `cap` seconds have passed (at least 5)."""
+    for _ in range(max(5, trips // 10)):
+        trip()
+    us = []
+    start = time.perf_counter()
+    for _ in range(trips):
+        if len(us) >= 5 and time.perf_counter() - start > cap:
+            break
+        t0 = time.perf_counter()
+        trip()
+        us.append((time.perf_counter() - t0) * 1e6)
+    us.sort()
+    return {"p50": percentile(us, 50), "p99": percentile(us, 99), "n": len(us)}
+
+
+def _peer(code, *args, fds=()):
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], pass_fds=fds)
+
+
+def pipe_round_trip_us(trips, cap):
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    peer = _peer(_PIPE_PEER, down_r, up_w, fds=(down_r, up_w))
+    os.close(down_r)
+    os.close(up_w)
+
+    def trip():
+        os.write(down_w, b"p")
+        if os.read(up_r, 1) != b"p":
+            raise RuntimeError("pipe round trip: the peer did not answer")
+
+    try:
+        return time_trips(trips, cap, trip)
+    finally:
+        os.write(down_w, b"q")
+        os.close(down_w)
+        os.close(up_r)
+        peer.wait(10)
+
+
+def word_round_trip_us(trips, cap):
+    with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as f:
+        f.write(b"\0\0")
+        f.flush()
+        m = mmap.mmap(f.fileno(), 2)
+        peer = _peer(_WORD_PEER, f.name)
+        state = {"v": 0}
+
+        def trip():
+            v = state["v"] % 254 + 1
+            state["v"] = v
+            m[0] = v
+            polls = 0
+            while m[1] != v:
+                polls += 1
+                if polls > 2000:
+                    os.sched_yield()
+                    if polls % 1000 == 0 and peer.poll() is not None:
+                        raise RuntimeError("shared-word round trip: the peer exited")
+
+        try:
+            return time_trips(trips, cap, trip)
+        finally:
+            m[0] = 255
+            peer.wait(10)
+            m.close()
+
+
+def wake_floor(trips, cap):
+    """Both round trips, and the floor (the faster of the two) at p50 and p99, microseconds."""
+    pipe = pipe_round_trip_us(trips, cap)
+    word = word_round_trip_us(trips, cap)
+    return {"pipe_1byte_us": pipe, "shared_word_us": word,
+            "p50_us": min(pipe["p50"], word["p50"]), "p99_us": min(pipe["p99"], word["p99"])}
