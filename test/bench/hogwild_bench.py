@@ -20,9 +20,15 @@ checks it every few milliseconds while they train), and, per minibatch, the hand
 time the loader's put() and a trainer's get() took) and how long trainers starved (wall time in
 get() beyond its CPU: waiting for the loader). Ratios are ferry's advantage: ferry / torch for rates, torch / ferry for
 times. A MISS is information, not a failure: the run exits 1 only when a run failed.
+
+Each row also holds ferry's figures against their limits, measured in the same run before the
+rows (docs/benchmarks.md, "Every row against its limit"): samples/s against a trainer's step alone
+in one thread x min(N, cores), the time to 95% against the samples it took at that rate, and the
+hand-off's CPU against a put and a get of a minibatch alone.
 """
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -38,9 +44,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "docs", "examples"))
 
 import hogwild  # noqa: E402 - the example itself, so the benchmark trains what users read
 
+import bench_limits  # noqa: E402 - beside this file
+
 # Epochs by minibatch size: an epoch is 179 steps at 8 but 22 at 64, too few to settle at 95%.
-FULL = {"workers": [1, 2, 4], "batches": [8, 64], "repeats": 5, "epochs": {8: 5, 64: 15}}
-QUICK = {"workers": [1, 2], "batches": [64], "repeats": 1, "epochs": {64: 2}}
+FULL = {"workers": [1, 2, 4], "batches": [8, 64], "repeats": 5, "epochs": {8: 5, 64: 15},
+        "alone_calls": 100}
+QUICK = {"workers": [1, 2], "batches": [64], "repeats": 1, "epochs": {64: 2}, "alone_calls": 10}
 GOALS = {"loader_rate": 5.0, "loader_time": 4.0, "handoff_us": 50.0, "shards_rate": 0.9}
 
 
@@ -56,12 +65,82 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+# -- the limits (docs/benchmarks.md, "Every row against its limit") -------------------------------
+
+def minibatches(batch, count):
+    """`count` fresh minibatches of the training set, cut as the loader cuts them."""
+    x, y, _, _ = hogwild.load_digits(hogwild.DIGITS_CSV)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(2))
+    starts = itertools.cycle(range(0, len(x) - batch + 1, batch))
+    return [(x[order[i:i + batch]], y[order[i:i + batch]])
+            for i in itertools.islice(starts, count)]
+
+
+def step_alone_s(batch, calls):
+    """One trainer's step on a minibatch, alone: the rows' compute, one thread, CPU seconds."""
+    args = hogwild.parser().parse_args(["--batch", str(batch)])
+    model = hogwild.make_model()
+    opt = hogwild.make_optimizer(model, args)
+    batches = itertools.cycle(minibatches(batch, 64))
+    with bench_limits.one_thread():
+        return bench_limits.seconds_alone(lambda: hogwild.step(model, opt, *next(batches)), calls)
+
+
+def hand_off_alone_us(batch, calls):
+    """The loader's put and a trainer's get of one minibatch through a ferry.Queue, in one process
+    with no process to wake: the hand-off's CPU alone. Each put is of a fresh minibatch, as the
+    loader's are (a tensor put once is shared already, which would make the next put cheaper)."""
+    import ferry
+
+    q = ferry.Queue()
+    fresh = iter(minibatches(batch, 6 * calls))
+
+    def one():
+        q.put(next(fresh))
+        q.get(timeout=60)
+
+    with bench_limits.one_thread():
+        return bench_limits.seconds_alone(one, calls) * 1e6
+
+
+def measure_limits(cfg):
+    """Per minibatch size, the step alone and the hand-off alone."""
+    calls = cfg["alone_calls"]
+    return {batch: {"step_alone_s": step_alone_s(batch, calls),
+                    "hand_off_alone_us": hand_off_alone_us(batch, calls)}
+            for batch in cfg["batches"]}
+
+
+def row_limits(r, measured):
+    """ferry's samples/s against N trainers' steps alone; its time to 95% against the samples it
+    took at that ceiling's rate; the loader layout's hand-off against a put and get alone."""
+    f, batch, workers = r["ferry"], r["batch"], r["workers"]
+    name, factor = bench_limits.ceiling(f"a trainer's step on a minibatch of {batch}", workers,
+                                        "trainers")
+    rate = factor * batch / measured["step_alone_s"]
+    samples = f["samples_to_95"]
+    out = [bench_limits.limit(name, "samples/s", rate, f["samples_per_s"], True,
+                              figure="ferry samples/s"),
+           bench_limits.limit("the time to 95% at the compute ceiling: the samples ferry's runs "
+                              "took to reach it, at the ceiling's samples/s", "s",
+                              None if samples is None else samples / rate, f["time_to_95"], False,
+                              figure="ferry time to 95%",
+                              why=None if samples is not None else "ferry did not reach 95%")]
+    if r["layout"] == "loader":
+        out.append(bench_limits.limit(
+            "a put and a get of one minibatch through a ferry.Queue in one process, one thread",
+            "us", measured["hand_off_alone_us"], f["handoff_us"], False,
+            figure="ferry hand-off CPU"))
+    return out
+
+
 def row(cfg, layout, workers, batch):
     runs = {"ferry": [], "torch": []}
     for _ in range(cfg["repeats"]):
         for transport in ("ferry", "torch"):  # alternating: drift on a noisy machine hits both
             runs[transport].append(one(transport, layout, workers, batch, cfg["epochs"][batch]))
-    out = {"layout": layout, "workers": workers, "batch": batch}
+    out = {"name": f"{layout} batch {batch} N={workers}", "layout": layout, "workers": workers,
+           "batch": batch}
     for t, rs in runs.items():
         out[t] = {
             "samples_per_s": median([r["samples_per_s"] for r in rs]),
@@ -84,6 +163,16 @@ def fmt(v, spec, unit=""):
     return "-".rjust(len(format(0.0, spec)) + len(unit)) if v is None else format(v, spec) + unit
 
 
+def limit_cells(limits):
+    """The samples/s ceiling, then the share of each limit (samples/s, time to 95%, hand-off)."""
+    by_figure = {lim["figure"]: lim for lim in limits}
+    ceiling = by_figure["ferry samples/s"]
+    shares = [by_figure.get(k, {}).get("share") for k in ("ferry samples/s", "ferry time to 95%",
+                                                            "ferry hand-off CPU")]
+    return (f"{ceiling['value']:15.0f} {fmt(shares[0], '6.3f')} {fmt(shares[1], '6.3f')} "
+            f"{fmt(shares[2], '8.3f')}")
+
+
 def verdict(ok):
     return "PASS" if ok else "MISS"
 
@@ -97,13 +186,17 @@ def main(argv):
     if not os.path.exists(hogwild.DIGITS_CSV):
         print(f"hogwild-bench: {hogwild.DIGITS_CSV} is missing; install python3-sklearn")
         return 1
-    rows, failed = [], None
+    rows, failed, limits = [], None, {}
     started = time.perf_counter()
     try:
+        # Before any trainer starts: what each row is held to.
+        limits = measure_limits(cfg)
         for layout in ("loader", "shards"):
             for batch in cfg["batches"]:
                 for workers in cfg["workers"]:
-                    rows.append(row(cfg, layout, workers, batch))
+                    r = row(cfg, layout, workers, batch)
+                    r["limit"] = row_limits(r, limits[batch])
+                    rows.append(r)
     except BaseException as e:  # noqa: BLE001 - reported, then exit 1
         failed = f"{e}\n{traceback.format_exc()}"
 
@@ -112,7 +205,8 @@ def main(argv):
           f"{os.cpu_count()} CPUs, torch {torch.__version__}")
     print(f"{'layout':7} {'batch':>5} {'N':>2} | {'samples/s ferry':>15} {'torch':>7} "
           f"{'ratio':>6} | {'to 95% ferry':>12} {'torch':>6} {'ratio':>6} | "
-          f"{'hand-off us ferry':>17} {'torch':>7} | {'starved us ferry':>16} {'torch':>7}")
+          f"{'hand-off us ferry':>17} {'torch':>7} | {'starved us ferry':>16} {'torch':>7} | "
+          f"{'limit samples/s':>15} {'share':>6} {'to 95%':>6} {'hand-off':>8}")
     for r in rows:
         f, t = r["ferry"], r["torch"]
         print(f"{r['layout']:7} {r['batch']:5} {r['workers']:2} | {f['samples_per_s']:15.0f} "
@@ -120,7 +214,11 @@ def main(argv):
               f"{fmt(f['time_to_95'], '11.2f', 's')} {fmt(t['time_to_95'], '5.2f', 's')} "
               f"{fmt(r['time_ratio'], '5.2f', 'x')} | {fmt(f['handoff_us'], '17.0f')} "
               f"{fmt(t['handoff_us'], '7.0f')} | {fmt(f['starved_us'], '16.0f')} "
-              f"{fmt(t['starved_us'], '7.0f')}")
+              f"{fmt(t['starved_us'], '7.0f')} | {limit_cells(r['limit'])}")
+    print("limit: the compute ceiling of the samples/s; share: of it, of the time to 95% at it, "
+          "and of the hand-off's CPU alone:")
+    for name in bench_limits.limit_names(rows):
+        print(f"  {name}")
     goals = []
     for r in rows:
         name = f"{r['layout']} batch {r['batch']} N={r['workers']}"
@@ -141,9 +239,10 @@ def main(argv):
     print(f"hogwild-bench: {time.perf_counter() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+            json.dump({"tool": "ferry-hogwild-bench",
+                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "torch": torch.__version__},
-                       "config": cfg, "rows": rows,
+                       "config": cfg, "limits_measured": limits, "rows": rows,
                        "goals": [{"goal": g, "pass": ok} for g, ok in goals],
                        "failed": failed}, f, indent=1)
     if failed:
