@@ -11,6 +11,11 @@ Each host is a `ferry host` process in a network namespace of its own on a bridg
 a private /dev/shm, where this runs as root; else on a loopback address of its own (said so).
 All hosts share this machine's cores, so the job figures show what the link costs, not what more
 machines would add.
+
+Each row carries its limit, measured before the rows (docs/benchmarks.md, "Every row against its
+limit"): a job's tasks/s against the mlp task alone in one thread x min(workers, cores); a
+SIGKILLed host's loss against a killed peer's TCP connection closing under a blocked recv; a frozen
+one's against --lost-after-ms, the silence the head must wait out.
 """
 import argparse
 import json
@@ -22,6 +27,41 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import bench_limits
+
+# The built-in mlp task's operations (workers/builtin_tasks.cpp: 64 -> 256 -> 256 -> 10, ReLU, no
+# autograd) on one batch, alone in a fresh process with one intra-op thread: prints CPU seconds per
+# call, the median of 5 batches after one that warms up.
+MLP_ALONE = r"""
+import statistics, sys, time, torch
+torch.set_num_threads(1)
+batch, calls = int(sys.argv[1]), int(sys.argv[2])
+x = torch.randn(batch, 64)
+w = [torch.randn(256, 64), torch.randn(256, 256), torch.randn(10, 256)]
+b = [torch.randn(256), torch.randn(256), torch.randn(10)]
+def f():
+    h = torch.relu(torch.nn.functional.linear(x, w[0], b[0]))
+    h = torch.relu(torch.nn.functional.linear(h, w[1], b[1]))
+    return torch.nn.functional.linear(h, w[2], b[2])
+per = []
+with torch.no_grad():
+    for k in range(6):
+        t0 = time.process_time()
+        for _ in range(calls):
+            f()
+        if k:
+            per.append((time.process_time() - t0) / calls)
+print(statistics.median(per))
+"""
+
+# Connects to the head's port, says it is there, and sleeps until it is killed.
+PEER_TO_KILL = r"""
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"r")
+time.sleep(600)
+"""
 
 
 def sh(cmd):
@@ -192,6 +232,81 @@ def lost(args, net, secret, sig):
             "by_slot": [(w["device"], w["tasks"], w["lost"]) for w in doc["workers"]]}
 
 
+# -- the limits -----------------------------------------------------------------------------------
+
+def mlp_alone_s(batch_size, calls):
+    """(CPU seconds per mlp task alone, or None, and why not)."""
+    p = subprocess.run([sys.executable, "-c", MLP_ALONE, str(batch_size), str(calls)],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        return None, "the mlp alone did not run here (torch importable?): " + \
+            (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return float(p.stdout), None
+
+
+def close_floor_s(trials):
+    """Seconds from SIGKILL to a peer process until a recv blocked on its TCP connection sees the
+    connection closed (loopback): the least a head can take to notice a killed host."""
+    seconds = []
+    for _ in range(trials):
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            peer = subprocess.Popen([sys.executable, "-c", PEER_TO_KILL, "127.0.0.1",
+                                     str(listener.getsockname()[1])])
+            listener.settimeout(60)
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(60)
+                if conn.recv(1) != b"r":
+                    raise SystemExit("close floor: the peer did not say it was there")
+                t0 = time.monotonic()
+                peer.kill()
+                if conn.recv(1) != b"":
+                    raise SystemExit("close floor: the killed peer's connection stayed open")
+                seconds.append(time.monotonic() - t0)
+            peer.wait()
+    return sorted(seconds)[len(seconds) // 2]
+
+
+def measure_limits(args):
+    alone, why = mlp_alone_s(args.batch_size, 20 if args.quick else 200)
+    return {"mlp_alone_s": alone, "mlp_alone_why": why,
+            "close_floor_s": close_floor_s(3 if args.quick else 9)}
+
+
+def job_row(r, args, measured):
+    workers = args.workers * (1 + r["hosts"])
+    name, factor = bench_limits.ceiling(f"the mlp task on a [{args.batch_size} x 64] batch",
+                                        workers)
+    alone = measured["mlp_alone_s"]
+    return {"name": "job, %d host(s)" % r["hosts"], "unit": "tasks/s",
+            "ferry": r["tasks_per_second"],
+            "limit": bench_limits.limit(name, "tasks/s", None if alone is None else factor / alone,
+                                        r["tasks_per_second"], True,
+                                        why=measured["mlp_alone_why"])}
+
+
+def lost_row(r, args, measured):
+    if r["signal"] == "SIGKILL":
+        lim = bench_limits.limit("a killed peer's TCP connection closing under a blocked recv "
+                                 "(loopback)", "s", measured["close_floor_s"], r["noticed_s"],
+                                 False, why="the head did not report the loss")
+    else:
+        lim = bench_limits.limit("--lost-after-ms: a frozen host is silent, not gone, and the head "
+                                 "may call it lost only after that long", "s",
+                                 args.lost_after_ms / 1000, r["noticed_s"], False,
+                                 source="the run's --lost-after-ms",
+                                 why="the head did not report the loss")
+    return {"name": "lost host, %s" % r["signal"], "unit": "s", "ferry": r["noticed_s"],
+            "limit": lim}
+
+
+def limit_text(row):
+    return "limit %s, share %s" % (bench_limits.limit_cell(row["limit"]),
+                                   bench_limits.share_cell(row["limit"]))
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -213,22 +328,31 @@ def main():
     os.write(fd, os.urandom(24).hex().encode())
     os.close(fd)
     try:
-        result = {"cores": os.cpu_count(), "namespaces": net.namespaces, "job": [], "lost": []}
+        result = {"tool": "hosts_job_bench", "cores": os.cpu_count(),
+                  "namespaces": net.namespaces, "job": [], "lost": [], "rows": []}
+        measured = measure_limits(args)
+        result["limits_measured"] = measured
         for n in range(0, args.max_hosts + 1):
             r = job(args, net, secret, n)
             r["vs_head_alone"] = r["tasks_per_second"] / result["job"][0]["tasks_per_second"] \
                 if result["job"] else 1.0
             result["job"].append(r)
-            print("job  %d host(s): %8.1f tasks/s (%.2fx the head alone), %d failed, by slot %s"
-                  % (n, r["tasks_per_second"], r["vs_head_alone"], r["failed"], r["by_slot"]))
+            result["rows"].append(job_row(r, args, measured))
+            print("job  %d host(s): %8.1f tasks/s (%.2fx the head alone), %d failed, by slot %s; %s"
+                  % (n, r["tasks_per_second"], r["vs_head_alone"], r["failed"], r["by_slot"],
+                     limit_text(result["rows"][-1])))
         for sig in (signal.SIGKILL, signal.SIGSTOP):
             r = lost(args, net, secret, sig)
             result["lost"].append(r)
+            result["rows"].append(lost_row(r, args, measured))
             noticed = "not seen" if r["noticed_s"] is None else "%.3f s" % r["noticed_s"]
             print("lost %-7s: noticed after %s (--lost-after-ms %d), %d tasks, %d failed, "
-                  "%d retried; by slot %s" % (r["signal"], noticed, args.lost_after_ms,
-                                              r["tasks"], r["failed"], r["retried"],
-                                              r["by_slot"]))
+                  "%d retried; by slot %s; %s" % (r["signal"], noticed, args.lost_after_ms,
+                                                  r["tasks"], r["failed"], r["retried"],
+                                                  r["by_slot"], limit_text(result["rows"][-1])))
+        print("limits:")
+        for name in bench_limits.limit_names(result["rows"]):
+            print("  " + name)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
