@@ -472,8 +472,7 @@ double lease_changes_alone_us(int sends) {
 json measure_limits(const Config& cfg) {
   const auto floor = ferry::bench::wake_floor(cfg.round_trips, cfg.round_trips < 2000 ? 0.5 : 3);
   json j = ferry::bench::wake_floor_json(floor);
-  j["wake_floor_p50_us"] = floor.p50();
-  j["wake_floor_p99_us"] = floor.p99();
+  j["wake_floor_us"] = floor.us();
   j["lease_changes_alone_us"] = lease_changes_alone_us(cfg.ledger_batches * kLedgerBatch);
   return j;
 }
@@ -619,17 +618,16 @@ std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes, bo
     rows.back().limit = ferry::bench::limit_json(l);
   };
   const std::string& floor = ferry::bench::kWakeFloorName;
-  const auto floor_p50 = get(f, "limits", "wake_floor_p50_us");
-  const auto floor_p99 = get(f, "limits", "wake_floor_p99_us");
+  const auto floor_us = get(f, "limits", "wake_floor_us");
   const std::string lease_changes =
       "the lease's four state changes alone: an uncontended compare-and-swap each, one thread";
   if (cpu) {
     goal_row("hand-off round trip, 1 MiB CPU tensor, p50 (us)", get(f, "handoff", "p50_us"),
              get(t, "handoff", "p50_us"), true, "", std::nullopt);
-    limit(floor, "us", floor_p50);
+    limit(floor, "us", floor_us);
     goal_row("hand-off round trip, 1 MiB CPU tensor, p99 (us)", get(f, "handoff", "p99_us"),
              get(t, "handoff", "p99_us"), true, "", std::nullopt);
-    limit(floor, "us", floor_p99);
+    limit(floor, "us", floor_us);
     goal_row("ledger cost per send (us)", get(f, "ledger", "per_send_us"), std::nullopt, true, "",
              std::nullopt);
     rows.back().torch_has_none = true;
@@ -640,10 +638,10 @@ std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes, bo
   goal_row("cached hand-off round trip, 1 MiB, p50 (us)", handoff, get(t, "handoff", "p50_us"),
            true, "ferry <= " + fmt("%g", kHandoffGoalUs) + " us",
            handoff && *handoff <= kHandoffGoalUs);
-  limit(floor, "us", floor_p50);
+  limit(floor, "us", floor_us);
   goal_row("cached hand-off round trip, 1 MiB, p99 (us)", get(f, "handoff", "p99_us"),
            get(t, "handoff", "p99_us"), true, "", std::nullopt);
-  limit(floor, "us", floor_p99);
+  limit(floor, "us", floor_us);
   goal_row("first receive from a new block, p50 (us)", get(f, "first_open", "open_recv_us"),
            get(t, "first_open", "open_recv_us"), true, "", std::nullopt);
   limit("the driver's cudaIpcOpenMemHandle of the block, after a wake-up", "us", std::nullopt,
@@ -651,7 +649,7 @@ std::vector<Row> table(const json& f, const json& t, std::int64_t copy_bytes, bo
   // The receiver's recv waits out its own answer and the next send: a round trip of wake-ups.
   goal_row("receive from an open block, p50 (us)", get(f, "first_open", "cached_recv_us"),
            get(t, "first_open", "cached_recv_us"), true, "", std::nullopt);
-  limit(floor, "us", floor_p50);
+  limit(floor, "us", floor_us);
   const std::string size = fmt("%g", static_cast<double>(copy_bytes) / (1 << 20)) + " MiB";
   const auto device_copy = get(f, "copy", "device_memcpy_GBps");
   const std::string device_copy_name = "a device-to-device copy of the same bytes on cuda:0";

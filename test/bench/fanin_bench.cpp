@@ -387,9 +387,9 @@ std::vector<Limit> row_limits(const json& e, const json& measured) {
   std::vector<Limit> out = {rate_limit("ferry msgs/s", c.name, "msgs/s",
                                        measured["messages_alone_per_s"].get<double>() * c.factor,
                                        f["messages_per_s"].get<double>())};
+  const double floor = std::min(measured["pipe_1byte_us"]["p50"].get<double>(),
+                                measured["shared_word_us"]["p50"].get<double>());
   for (const char* pct : {"p50", "p99"}) {
-    const double floor = std::min(measured["pipe_1byte_us"][pct].get<double>(),
-                                  measured["shared_word_us"][pct].get<double>());
     out.push_back(time_limit(std::string("ferry latency ") + pct, kWakeFloorOneWayName, "us",
                              floor / 2, f["latency_us"][pct].get<double>()));
   }

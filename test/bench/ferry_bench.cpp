@@ -470,10 +470,10 @@ std::vector<Limit> row_limits(const json& e) {
   const std::string memcpy_name = "memcpy " + into + ", one core";
   const std::string copies_name =
       kWakeFloorName + ", plus a memcpy of the message each way (" + into + ", one core)";
+  const double floor = std::min(rt("pipe_1byte", "p50"), rt("shared_word", "p50"));
   std::vector<Limit> out;
   for (Mode mode : {Mode::zero_copy, Mode::copy}) {
     for (const char* pct : {"p50", "p99"}) {
-      const double floor = std::min(rt("pipe_1byte", pct), rt("shared_word", pct));
       const bool copying = mode == Mode::copy;
       out.push_back(time_limit(std::string(mode_name(mode)) + " round trip " + pct,
                                copying ? copies_name : kWakeFloorName, "us",

@@ -217,10 +217,10 @@ json rows(const json& r, const Config& cfg) {
 
   // One task at a time: every hop of caller -> worker -> caller waits for the one before.
   const json& rt = f["empty_round_trip_us"];
+  const double floor = std::min(m["wake_floor"]["pipe_1byte_us"]["p50"].get<double>(),
+                                m["wake_floor"]["shared_word_us"]["p50"].get<double>());
   json floors = json::array();
   for (const char* pct : {"p50", "p99"}) {
-    const double floor = std::min(m["wake_floor"]["pipe_1byte_us"][pct].get<double>(),
-                                  m["wake_floor"]["shared_word_us"][pct].get<double>());
     floors.push_back(
         json(limit_json(time_limit(std::string("ferry ") + pct, ferry::bench::kWakeFloorName, "us",
                                    floor, rt[pct].get<double>()))));

@@ -608,10 +608,10 @@ def queue_rows(report, cfg, results):
                     name += ", plus one copy of the tensor (the child's put), one thread"
                 report.add(f"{label}, p50 (us)", "us", f["p50_us"], t["p50_us"],
                            t["p50_us"] / f["p50_us"], None if forward else GOAL_ROUND_TRIP,
-                           limit=(name, floor["p50_us"] + copy_us, False))
+                           limit=(name, floor["floor_us"] + copy_us, False))
                 report.add(f"{label}, p99 (us)", "us", f["p99_us"], t["p99_us"],
                            t["p99_us"] / f["p99_us"],
-                           limit=(name, floor["p99_us"] + copy_us, False))
+                           limit=(name, floor["floor_us"] + copy_us, False))
 
         # Born shared: the child makes each tensor inside ferry.shared_allocations(), as a
         # Pool's worker or a process of ferry's context does by default; "copied": the same with
@@ -730,7 +730,7 @@ def pool_rows(report, cfg, results):
             floor = limits.get("wake_floor") or bench_limits.wake_floor(cfg["rt_trips"],
                                                                         cfg["rt_cap"])
             report.add(label, "us", us["ferry"], us["torch"], us["torch"] / us["ferry"],
-                       limit=(bench_limits.WAKE_FLOOR, floor["p50_us"], False))
+                       limit=(bench_limits.WAKE_FLOOR, floor["floor_us"], False))
         except Exception as e:  # noqa: BLE001 - the row fails, the run goes on
             report.fail(label, e)
 
