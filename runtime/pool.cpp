@@ -19,6 +19,7 @@
 #include "runtime/supervisor/dispatcher.hpp"
 #include "runtime/supervisor/remote_slots.hpp"
 #include "runtime/supervisor/result_collector.hpp"
+#include "runtime/supervisor/stream_wake.hpp"
 #include "runtime/supervisor/worker_fleet.hpp"
 #include "runtime/worker_protocol.hpp"
 
@@ -315,9 +316,25 @@ struct Pool::Results::State {
   std::size_t next_input = 0;
   std::optional<Tensors> held;  // made but not yet admitted (the pool was full)
   std::size_t outstanding = 0;  // submitted, not yet returned by next()
+  std::size_t window = 0;       // the pool's capacity when inputs were last submitted
   std::mutex mu;
   std::condition_variable arrived;
   std::deque<Result> ready;
+  std::deque<Clock::time_point> ready_at;  // when each of `ready` came in
+  supervisor::StreamWake wake;
+  bool consumer_looks_again = false;  // next() sleeps for StreamWake::kHold, not until woken
+
+  // What StreamWake decides on; under `mu`.
+  supervisor::StreamState stream(Clock::time_point now) const {
+    supervisor::StreamState s;
+    s.in_flight = outstanding - ready.size();
+    s.window = window;
+    s.inputs_left = next_input < count;
+    s.typical_gap = wake.typical_gap();
+    if (!ready_at.empty()) s.oldest_ready = now - ready_at.front();
+    s.consumer_looks_again = consumer_looks_again;
+    return s;
+  }
 };
 
 Pool::Results Pool::imap_unordered(const std::string& task, std::vector<Tensors> inputs) {
@@ -369,9 +386,13 @@ bool Pool::Results::submit_more(std::chrono::milliseconds first_wait) {
           st.task, *st.held, i, st.outstanding > 0 ? std::chrono::milliseconds(0) : first_wait,
           [weak](Result&& r) {
             if (auto s = weak.lock()) {
+              const Clock::time_point now = Clock::now();
               std::lock_guard<std::mutex> lock(s->mu);
               s->ready.push_back(std::move(r));
-              s->arrived.notify_all();
+              s->ready_at.push_back(now);
+              s->wake.record_arrival(now);
+              // Woken only when it has something to do at once (stream_wake.hpp).
+              if (supervisor::StreamWake::wake_now(s->stream(now))) s->arrived.notify_all();
             }
           },
           st.prelude);
@@ -383,6 +404,7 @@ bool Pool::Results::submit_more(std::chrono::milliseconds first_wait) {
     std::lock_guard<std::mutex> lock(st.mu);
     ++st.next_input;
     ++st.outstanding;
+    st.window = window;
   }
   return true;
 }
@@ -411,6 +433,7 @@ std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeou
       if (!st.ready.empty()) {
         Result r = std::move(st.ready.front());
         st.ready.pop_front();
+        st.ready_at.pop_front();
         --st.outstanding;
         return r;
       }
@@ -422,7 +445,17 @@ std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeou
     std::unique_lock<std::mutex> lock(st.mu);
     if (st.outstanding == 0) continue;  // the stream ended with nothing out: no more results
     auto some = [&] { return !st.ready.empty(); };
-    if (timeout < std::chrono::milliseconds(0)) {
+    // Results may gather before the consumer is woken; it then looks again after a short while
+    // (stream_wake.hpp), a wait that ends without one is no timeout of the caller's.
+    const std::optional<Clock::duration> limit =
+        supervisor::StreamWake::sleep_limit(st.stream(Clock::now()));
+    const Clock::time_point until =
+        timeout < std::chrono::milliseconds(0) ? Clock::time_point::max() : deadline;
+    if (limit && Clock::now() + *limit < until) {
+      st.consumer_looks_again = true;
+      st.arrived.wait_until(lock, Clock::now() + *limit, some);
+      st.consumer_looks_again = false;
+    } else if (until == Clock::time_point::max()) {
       st.arrived.wait(lock, some);
     } else if (!st.arrived.wait_until(lock, deadline, some)) {
       throw timed_out();

@@ -142,7 +142,9 @@ class Pool {
    public:
     // The next finished task, whichever it is; nullopt once all have been returned. Submits
     // more inputs as room frees up, so at most the pool's capacity is in flight or buffered.
-    // Throws Error(timeout) when `timeout` passes first; next() may then be called again.
+    // Results of fast tasks may gather up to about 2 ms before a waiting caller is woken to take
+    // them together (supervisor/stream_wake.hpp). Throws Error(timeout) when `timeout` passes
+    // first; next() may then be called again.
     std::optional<Result> next(std::chrono::milliseconds timeout = kForever);
     // Submits the inputs the pool has room for now, without waiting; how many. A caller whose
     // inputs are made under a lock it would rather not take per input (the Python extension's

@@ -634,6 +634,26 @@ TEST_CASE("a stream's top_up makes the inputs the pool has room for now, and nex
   CHECK(made == 100);
 }
 
+TEST_CASE("a stream's results come back at once although slow tasks fill the pool behind them") {
+  // Results of fast tasks gather a moment before their consumer is woken (stream_wake.hpp); none
+  // may wait for the slow tasks queued after it, which hold over half the pool's window here.
+  Pool pool(cpu_pool(1));
+  auto stream = pool.imap_unordered("sleep_echo", 140, [](std::size_t i) {
+    return delayed(i < 100 ? 300 : 500000, static_cast<std::int64_t>(i));
+  });
+  std::size_t fast = 0;
+  std::chrono::steady_clock::time_point last_fast;
+  while (auto r = stream.next(30s)) {
+    if (r->get()[0][0].item<std::int64_t>() >= 100) break;  // the first slow one
+    ++fast;
+    last_fast = std::chrono::steady_clock::now();
+  }
+  CHECK(fast == 100);
+  // The last fast result was taken as it came, half a second before the slow one, not with it.
+  CHECK(std::chrono::steady_clock::now() - last_fast > 250ms);
+  pool.close(Shutdown::Cancel);
+}
+
 TEST_CASE("workers die with their supervisor, even when it is SIGKILLed") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
