@@ -71,6 +71,11 @@ bench: build
 	    --json $(BUILD)/hosts-job-bench.json; fi
 	$(PLOT_PYTHON) -B test/bench/plot_bench.py --bench $(BUILD)/bench.json \
 	  --fanin $(BUILD)/fanin-bench.json --pool $(BUILD)/pool-bench.json --out $(PLOTS)
+	@echo "== make bench: every row against its limit (docs/benchmarks.md)"
+	$(PLOT_PYTHON) -B test/bench/limits_check.py --missing-ok $(BUILD)/bench.json \
+	  $(BUILD)/fanin-bench.json $(BUILD)/pool-bench.json $(BUILD)/run-bench.json \
+	  $(BUILD)/cuda-bench.json $(BUILD)/python-bench.json $(BUILD)/hogwild-bench.json \
+	  $(BUILD)/hosts-bench.json $(BUILD)/hosts-job-bench.json
 
 # Long runs of crashes, kills and a full /dev/shm, with figures (docs/reliability.md); needs root.
 # SOAK_ARGS changes the counts, e.g. SOAK_ARGS="--kills 200 --fuzz-seconds 60".
