@@ -82,10 +82,16 @@ fi
 say "installed in $(($(date +%s) - t1)) s"
 grep -q '^CMAKE_MAKE_PROGRAM:FILEPATH=.*/ferry-parallel-make$' "$build/CMakeCache.txt" ||
   fail "the wheel's make build runs without the wrapper that gives make a job per core"
-jobs=$("$build/ferry-parallel-make" -p -f /dev/null 2>/dev/null | sed -n 's/^MAKEFLAGS = .*-j\([0-9]*\).*/\1/p')
-[ "$jobs" = "$(nproc)" ] || fail "the wheel's make runs $jobs jobs, not one per core ($(nproc))"
-jobs=$("$build/ferry-parallel-make" -j1 -p -f /dev/null 2>/dev/null | sed -n 's/^MAKEFLAGS = .*-j\([0-9]*\).*/\1/p')
-[ "$jobs" = 1 ] || fail "a job count the user gives (-j1) does not win over the wrapper's: $jobs"
+# The job count the wrapper's make runs with: its MAKEFLAGS, printed with its database (-p; with no
+# makefile it then stops, exit 2, which says nothing here).
+make_jobs() {
+  { env -u MAKEFLAGS -u MAKELEVEL "$build/ferry-parallel-make" "$@" -p -f /dev/null 2>/dev/null ||
+    true; } | sed -n 's/^MAKEFLAGS = .* -j\([0-9][0-9]*\).*/\1/p'
+}
+jobs=$(make_jobs)
+[ "$jobs" = "$(nproc)" ] || fail "the wheel's make runs '$jobs' jobs, not one per core ($(nproc))"
+jobs=$(make_jobs -j1)
+[ "$jobs" = 1 ] || fail "a job count the user gives (-j1) does not win over the wrapper's: '$jobs'"
 # pip builds the package, not the suite: no test, benchmark or example target was configured.
 for dir in test docs/examples; do
   [ ! -e "$build/$dir" ] || fail "the wheel's build configured $dir ($build/$dir exists)"
