@@ -30,9 +30,9 @@
 namespace ferry::supervisor {
 
 struct StreamState {
-  std::size_t in_flight = 0;  // handed over, no result yet
-  std::size_t window = 0;     // the most the pool takes at once (Pool capacity)
-  bool inputs_left = false;   // inputs not yet handed over
+  std::size_t in_flight = 0;                    // handed over, no result yet
+  std::size_t window = 0;                       // the most the pool takes at once (Pool capacity)
+  bool inputs_left = false;                     // inputs not yet handed over
   std::optional<Clock::duration> typical_gap;   // between results coming in; none before two
   std::optional<Clock::duration> oldest_ready;  // how long the oldest result not taken has waited
   bool consumer_looks_again = false;  // the consumer, if asleep, looks again within kHold itself

@@ -83,7 +83,7 @@ TEST_CASE("stream wake: the typical gap is a moving average of the gaps between 
   CHECK(*w.typical_gap() == 1ms);
   w.record_arrival(t0 + 1ms);  // two at once
   CHECK(*w.typical_gap() == 750us);
-  w.record_arrival(t0 + 9ms);  // one long gap: a quarter of it
+  w.record_arrival(t0 + 9ms);            // one long gap: a quarter of it
   CHECK(*w.typical_gap() == 2562500ns);  // 750 us + (8 ms - 750 us) / 4
   const Clock::duration before = *w.typical_gap();
   w.record_arrival(t0);  // a clock read out of order counts as a gap of 0, not a negative one
