@@ -219,3 +219,54 @@ def wake_floor(trips, cap):
     word = word_round_trip_us(trips, cap)
     return {"pipe_1byte_us": pipe, "shared_word_us": word,
             "floor_us": min(pipe["p50"], word["p50"])}
+
+# A built-in task of the workers alone, in a fresh process of this Python with one intra-op
+# thread: `square` (x * x on a [64, F] batch) and `mlp` (64 -> 256 -> 256 -> 10, ReLU, no
+# autograd, on a [B, 64] batch) are workers/builtin_tasks.cpp's operations, `cnn` a TorchScript
+# file. Warmed up (TorchScript's profiling executor optimises on its second call), then timed in
+# five blocks of about the given CPU seconds each; prints the median block's CPU seconds per call.
+_BUILTIN_ALONE = r"""
+import statistics, sys, time, torch
+torch.set_num_threads(1)
+kind, arg, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if kind == "square":
+    x = torch.randn(64, int(arg))
+    f = lambda: x * x
+elif kind == "mlp":
+    x = torch.randn(int(arg), 64)
+    w = [torch.randn(256, 64), torch.randn(256, 256), torch.randn(10, 256)]
+    b = [torch.randn(256), torch.randn(256), torch.randn(10)]
+    def f():
+        h = torch.relu(torch.nn.functional.linear(x, w[0], b[0]))
+        h = torch.relu(torch.nn.functional.linear(h, w[1], b[1]))
+        return torch.nn.functional.linear(h, w[2], b[2])
+else:
+    m = torch.jit.load(arg)
+    x = torch.randn(16, 1, 28, 28)
+    f = lambda: m(x)
+with torch.no_grad():
+    t = time.process_time()
+    for _ in range(20):
+        f()
+    calls = max(10, int(seconds / max((time.process_time() - t) / 20, 1e-7)))
+    blocks = []
+    for _ in range(5):
+        t = time.process_time()
+        for _ in range(calls):
+            f()
+        blocks.append((time.process_time() - t) / calls)
+print(statistics.median(blocks))
+"""
+
+
+def builtin_alone(kind, arg, block_seconds):
+    """CPU seconds per call of a built-in task alone (above): `kind` square (arg: features), mlp
+    (arg: batch rows) or cnn (arg: the TorchScript file). Raises RuntimeError with the child's
+    last line where it fails (no torch in this Python, say)."""
+    p = subprocess.run([sys.executable, "-c", _BUILTIN_ALONE, kind, str(arg), str(block_seconds)],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        raise RuntimeError(f"{kind} alone did not run: "
+                           + (p.stderr.strip().splitlines() or ["no output"])[-1])
+    return float(p.stdout)

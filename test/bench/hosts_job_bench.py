@@ -30,31 +30,6 @@ import time
 
 import bench_limits
 
-# The built-in mlp task's operations (workers/builtin_tasks.cpp: 64 -> 256 -> 256 -> 10, ReLU, no
-# autograd) on one batch, alone in a fresh process with one intra-op thread: prints CPU seconds per
-# call, the median of 5 batches after one that warms up.
-MLP_ALONE = r"""
-import statistics, sys, time, torch
-torch.set_num_threads(1)
-batch, calls = int(sys.argv[1]), int(sys.argv[2])
-x = torch.randn(batch, 64)
-w = [torch.randn(256, 64), torch.randn(256, 256), torch.randn(10, 256)]
-b = [torch.randn(256), torch.randn(256), torch.randn(10)]
-def f():
-    h = torch.relu(torch.nn.functional.linear(x, w[0], b[0]))
-    h = torch.relu(torch.nn.functional.linear(h, w[1], b[1]))
-    return torch.nn.functional.linear(h, w[2], b[2])
-per = []
-with torch.no_grad():
-    for k in range(6):
-        t0 = time.process_time()
-        for _ in range(calls):
-            f()
-        if k:
-            per.append((time.process_time() - t0) / calls)
-print(statistics.median(per))
-"""
-
 # Connects to the head's port, says it is there, and sleeps until it is killed.
 PEER_TO_KILL = r"""
 import socket, sys, time
@@ -234,14 +209,12 @@ def lost(args, net, secret, sig):
 
 # -- the limits -----------------------------------------------------------------------------------
 
-def mlp_alone_s(batch_size, calls):
+def mlp_alone_s(batch_size, block_seconds):
     """(CPU seconds per mlp task alone, or None, and why not)."""
-    p = subprocess.run([sys.executable, "-c", MLP_ALONE, str(batch_size), str(calls)],
-                       capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        return None, "the mlp alone did not run here (torch importable?): " + \
-            (p.stderr.strip().splitlines() or ["no output"])[-1]
-    return float(p.stdout), None
+    try:
+        return bench_limits.builtin_alone("mlp", batch_size, block_seconds), None
+    except RuntimeError as e:
+        return None, f"{e} (torch importable?)"
 
 
 def close_floor_s(trials):
@@ -270,7 +243,7 @@ def close_floor_s(trials):
 
 
 def measure_limits(args):
-    alone, why = mlp_alone_s(args.batch_size, 20 if args.quick else 200)
+    alone, why = mlp_alone_s(args.batch_size, 0.05 if args.quick else 0.4)
     return {"mlp_alone_s": alone, "mlp_alone_why": why,
             "close_floor_s": close_floor_s(3 if args.quick else 9)}
 

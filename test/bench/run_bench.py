@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+import bench_limits
+
 ROWS = [
     ("square, 1 MiB results", ["--task", "square", "--features", "4096"], True,
      ("square", 4096)),
@@ -41,45 +43,6 @@ ROWS = [
     ("mlp (2.5 KiB results)", ["--task", "mlp"], False, ("mlp", 64)),
 ]
 CNN_WORKERS = (1, 2, 4)
-
-# The task alone: built in a fresh process with one intra-op thread, warmed up (TorchScript's
-# profiling executor optimises on its second call), then timed in five blocks of about the given
-# CPU seconds each; prints the median block's CPU seconds per call. `square` and `mlp` are the
-# built-in tasks' own operations (workers/builtin_tasks.cpp), `cnn` the model file itself.
-ALONE = r'''
-import statistics, sys, time, torch
-torch.set_num_threads(1)
-kind, arg, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-if kind == "square":
-    x = torch.randn(64, int(arg))
-    f = lambda: x * x
-elif kind == "mlp":
-    x = torch.randn(64, 64)
-    w = [torch.randn(256, 64), torch.randn(256, 256), torch.randn(10, 256)]
-    b = [torch.randn(256), torch.randn(256), torch.randn(10)]
-    def f():
-        h = torch.relu(torch.nn.functional.linear(x, w[0], b[0]))
-        h = torch.relu(torch.nn.functional.linear(h, w[1], b[1]))
-        return torch.nn.functional.linear(h, w[2], b[2])
-else:
-    m = torch.jit.load(arg)
-    x = torch.randn(16, 1, 28, 28)
-    f = lambda: m(x)
-with torch.no_grad():
-    t = time.process_time()
-    for _ in range(20):
-        f()
-    # Blocks of about `seconds` each, whatever the task's length.
-    calls = max(10, int(seconds / max((time.process_time() - t) / 20, 1e-7)))
-    blocks = []
-    for _ in range(5):
-        # CPU time: a machine busy with something else does not make the ceiling look lower.
-        t = time.process_time()
-        for _ in range(calls):
-            f()
-        blocks.append((time.process_time() - t) / calls)
-print(statistics.median(blocks))
-'''
 
 # The torch.multiprocessing peer of the CNN rows: a Pool whose workers load the model once and
 # take one intra-op thread each where there are as many workers as cores (ferry's choice,
@@ -110,12 +73,10 @@ if __name__ == "__main__":
 
 
 def alone_seconds(kind, arg, block_seconds):
-    p = subprocess.run([sys.executable, "-c", ALONE, kind, str(arg), str(block_seconds)],
-                       capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if p.returncode != 0:
-        raise SystemExit(f"timing {kind} alone failed:\n{p.stderr}")
-    return float(p.stdout.strip())
+    try:
+        return bench_limits.builtin_alone(kind, arg, block_seconds)
+    except RuntimeError as e:
+        raise SystemExit(f"timing the task alone failed: {e}")
 
 
 def children_cpu():
