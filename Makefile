@@ -13,10 +13,12 @@ CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
 all: build
 
 # What install-deps.sh installs: `all` for everything (the suite, benchmarks, Python), `run` for
-# `ferry run` alone (`make run`). Its stamp is newer than the CMake cache when something was
-# installed since the last configure, which then runs again to find it (Python, clang...).
+# `ferry run` alone (`make run`). Its stamp is newer than the configure's own when something was
+# installed since the last configure, which then runs again to find it (Python, clang...). The
+# configure's stamp, not the CMake cache: CMake leaves an unchanged cache as it was.
 DEPS ?= all
 DEPS_STAMP = $(BUILD)/.deps-installed
+CONFIGURED = $(BUILD)/.configured
 deps:
 	@tools/install-deps.sh $(DEPS) --stamp $(DEPS_STAMP)
 
@@ -24,10 +26,12 @@ deps:
 # configured before the option existed gets it once.
 configure: deps
 	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
-	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_WERROR=ON $(CMAKE_ARGS); \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(TYPE) -DFERRY_WERROR=ON $(CMAKE_ARGS) && \
+	  touch $(CONFIGURED); \
 	elif ! grep -q '^FERRY_WERROR:' $(BUILD)/CMakeCache.txt || \
-	     [ $(DEPS_STAMP) -nt $(BUILD)/CMakeCache.txt ]; then \
-	  cmake -S . -B $(BUILD) -DFERRY_WERROR=ON; fi
+	     { [ -f $(DEPS_STAMP) ] && { [ ! -f $(CONFIGURED) ] || \
+	       [ $(DEPS_STAMP) -nt $(CONFIGURED) ]; }; }; then \
+	  cmake -S . -B $(BUILD) -DFERRY_WERROR=ON && touch $(CONFIGURED); fi
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
