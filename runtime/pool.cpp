@@ -320,7 +320,9 @@ struct Pool::Results::State {
   std::mutex mu;
   std::condition_variable arrived;
   std::deque<Result> ready;
-  std::deque<Clock::time_point> ready_at;  // when each of `ready` came in
+  // When the first of `ready` came in since it was last empty. A reader sleeps only on an empty
+  // `ready`, so while it sleeps this is when its oldest result came in.
+  std::optional<Clock::time_point> ready_since;
   supervisor::StreamWake wake;
   bool consumer_looks_again = false;  // next() sleeps for StreamWake::kHold, not until woken
 
@@ -331,7 +333,7 @@ struct Pool::Results::State {
     s.window = window;
     s.inputs_left = next_input < count;
     s.typical_gap = wake.typical_gap();
-    if (!ready_at.empty()) s.oldest_ready = now - ready_at.front();
+    if (ready_since) s.oldest_ready = now - *ready_since;
     s.consumer_looks_again = consumer_looks_again;
     return s;
   }
@@ -388,8 +390,8 @@ bool Pool::Results::submit_more(std::chrono::milliseconds first_wait) {
             if (auto s = weak.lock()) {
               const Clock::time_point now = Clock::now();
               std::lock_guard<std::mutex> lock(s->mu);
+              if (s->ready.empty()) s->ready_since = now;
               s->ready.push_back(std::move(r));
-              s->ready_at.push_back(now);
               s->wake.record_arrival(now);
               // Woken only when it has something to do at once (stream_wake.hpp).
               if (supervisor::StreamWake::wake_now(s->stream(now))) s->arrived.notify_all();
@@ -433,7 +435,7 @@ std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeou
       if (!st.ready.empty()) {
         Result r = std::move(st.ready.front());
         st.ready.pop_front();
-        st.ready_at.pop_front();
+        if (st.ready.empty()) st.ready_since.reset();
         --st.outstanding;
         return r;
       }
