@@ -98,20 +98,21 @@ std::string share_cell(const Json& l) {
   return l["share"].is_number() ? fmt("%.3f", l["share"].template get<double>()) : "-";
 }
 
-// A row's limit cells: of its one limit, or of each of its limits joined by " / ".
-template <class Json>
-std::string limit_cells(const Json& limit) {
-  if (!limit.is_array()) return limit_cell(limit);
+// `cell` of a row's one limit, or of each of its limits joined by " / ".
+template <class Json, class Cell>
+std::string joined_cells(const Json& limit, Cell cell) {
+  if (!limit.is_array()) return cell(limit);
   std::string out;
-  for (const auto& l : limit) out += (out.empty() ? "" : " / ") + limit_cell(l);
+  for (const auto& l : limit) out += (out.empty() ? "" : " / ") + cell(l);
   return out;
 }
 template <class Json>
+std::string limit_cells(const Json& limit) {
+  return joined_cells(limit, [](const Json& l) { return limit_cell(l); });
+}
+template <class Json>
 std::string share_cells(const Json& limit) {
-  if (!limit.is_array()) return share_cell(limit);
-  std::string out;
-  for (const auto& l : limit) out += (out.empty() ? "" : " / ") + share_cell(l);
-  return out;
+  return joined_cells(limit, [](const Json& l) { return share_cell(l); });
 }
 
 // The names of the limits of every row, once each, in the order they first come: what a printed
