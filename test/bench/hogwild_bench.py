@@ -22,14 +22,17 @@ get() beyond its CPU: waiting for the loader). Ratios are ferry's advantage: fer
 times. A MISS is information, not a failure: the run exits 1 only when a run failed.
 
 Each row also holds ferry's figures against their limits, measured in the same run before the
-rows (docs/benchmarks.md, "Every row against its limit"): samples/s against a trainer's step alone
-in one thread x min(N, cores), the time to 95% against the samples it took at that rate, and the
-hand-off's CPU against a put and a get of a minibatch alone.
+rows, in a spawned process of their own (docs/benchmarks.md, "Every row against its limit"):
+samples/s against a trainer's step alone in one thread x min(N, cores), the time to 95% against
+the samples it took at that rate, and the hand-off's CPU against a put and a get of a minibatch
+alone.
 """
 
 import argparse
+import concurrent.futures
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -111,6 +114,16 @@ def measure_limits(cfg):
             for batch in cfg["batches"]}
 
 
+def measure_limits_apart(cfg):
+    """measure_limits in a process of its own, started by spawn. A step alone runs autograd, and
+    PyTorch 2.x refuses autograd in any child forked after its parent ran it ("Unable to handle
+    autograd's threading in combination with fork-based multiprocessing"): measured here, the
+    forked trainers of every row would fail. 1.13 tracks that only where a GPU backend exists."""
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")) as apart:
+        return apart.submit(measure_limits, cfg).result()
+
+
 def row_limits(r, measured):
     """ferry's samples/s against N trainers' steps alone; its time to 95% against the samples it
     took at that ceiling's rate; the loader layout's hand-off against a put and get alone."""
@@ -190,7 +203,7 @@ def main(argv):
     started = time.perf_counter()
     try:
         # Before any trainer starts: what each row is held to.
-        limits = measure_limits(cfg)
+        limits = measure_limits_apart(cfg)
         for layout in ("loader", "shards"):
             for batch in cfg["batches"]:
                 for workers in cfg["workers"]:
