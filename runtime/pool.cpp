@@ -417,6 +417,19 @@ std::size_t Pool::Results::top_up() {
   return s_->next_input - before;
 }
 
+std::vector<Pool::Result> Pool::Results::take_ready(std::size_t most) {
+  State& st = *s_;
+  std::vector<Result> out;
+  std::lock_guard<std::mutex> lock(st.mu);
+  while (out.size() < most && !st.ready.empty() && !st.ready.front().error) {
+    out.push_back(std::move(st.ready.front()));
+    st.ready.pop_front();
+    --st.outstanding;
+  }
+  if (st.ready.empty()) st.ready_since.reset();
+  return out;
+}
+
 std::optional<Pool::Result> Pool::Results::next(std::chrono::milliseconds timeout) {
   State& st = *s_;
   const auto deadline = Clock::now() + timeout;

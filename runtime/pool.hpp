@@ -146,6 +146,10 @@ class Pool {
     // them together (supervisor/stream_wake.hpp). Throws Error(timeout) when `timeout` passes
     // first; next() may then be called again.
     std::optional<Result> next(std::chrono::milliseconds timeout = kForever);
+    // The results already in, `most` at most, in the order they came, without waiting or
+    // submitting. It stops before a failed one, which the next call of next() returns: a caller
+    // that takes results in batches meets each failure in its place.
+    std::vector<Result> take_ready(std::size_t most);
     // Submits the inputs the pool has room for now, without waiting; how many. A caller whose
     // inputs are made under a lock it would rather not take per input (the Python extension's
     // GIL) makes them here, then waits in next() without it.

@@ -634,6 +634,40 @@ TEST_CASE("a stream's top_up makes the inputs the pool has room for now, and nex
   CHECK(made == 100);
 }
 
+TEST_CASE("a stream's take_ready takes what is in without waiting, and stops before a failure") {
+  PoolOptions o = cpu_pool(1);
+  o.max_inflight_per_worker = 8;  // the first next() hands over all six: take_ready submits none
+  Pool pool(o);
+  std::vector<Tensors> inputs;
+  for (std::int64_t v : {0, 1, 2, -3, 4, 5}) inputs.push_back({at::full({1}, v, at::kLong)});
+  auto stream = pool.imap_unordered("fail_if_negative", std::move(inputs));
+  auto first = stream.next(10s);
+  REQUIRE(first);
+  REQUIRE_FALSE(first->error);
+  std::vector<std::size_t> taken{first->index};
+  // One worker: its results come in input order. At most `most` per call.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (taken.size() < 3 && std::chrono::steady_clock::now() < until) {
+    auto some = stream.take_ready(1);
+    REQUIRE(some.size() <= 1);
+    for (const auto& r : some) taken.push_back(r.index);
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(taken == std::vector<std::size_t>{0, 1, 2});
+  // The failure has come, and the two after it: take_ready leaves it, with them, for next().
+  std::this_thread::sleep_for(200ms);
+  CHECK(stream.take_ready(10).empty());
+  auto failed = stream.next(10s);
+  REQUIRE(failed);
+  CHECK(failed->index == 3);
+  CHECK_THROWS_AS(failed->get(), TaskError);
+  auto rest = stream.take_ready(10);
+  REQUIRE(rest.size() == 2);
+  CHECK(rest[0].index == 4);
+  CHECK(rest[1].get()[0][0].item<std::int64_t>() == 5);
+  CHECK_FALSE(stream.next(1s));  // the stream counted what take_ready took: it has ended
+}
+
 TEST_CASE("a stream's results come back at once although slow tasks fill the pool behind them") {
   // Results of fast tasks gather a moment before their consumer is woken (stream_wake.hpp); none
   // may wait for the slow tasks queued after it, which hold over half the pool's window here.
