@@ -198,28 +198,41 @@ void bind_pool(py::module_& m) {
            "the result as (object,) when it was plain (decoded here), else (payload, bases); "
            "raises the task's error");
 
+  // Results come back in batches: every one that is in when the caller wakes, so a stream of
+  // small tasks pays for one GIL release and one call per batch, not per result.
   py::class_<Pool::Results>(m, "Results")
       .def(
           "next",
-          [](Pool::Results& r, std::optional<double> timeout) -> py::object {
+          [](Pool::Results& r, std::optional<double> timeout, std::size_t most) -> py::object {
+            if (most == 0) {
+              throw Error(Errc::invalid_argument, "Results.next(most=0): give 1 or more");
+            }
             const auto ms = to_timeout(timeout);
             std::optional<Pool::Result> got;
+            std::vector<Pool::Result> more;
             try {
               r.top_up();  // inputs are made by Python: here, not with the GIL taken per input
               py::gil_scoped_release unlocked;
               got = r.next(ms);
+              if (got && !got->error && most > 1) more = r.take_ready(most - 1);
             } catch (const Error& e) {
               if (e.code() != Errc::timeout) throw;
               return py::bool_(false);
             }
             if (!got) return py::none();
+            py::list out;
             const std::size_t index = got->index;
-            return py::make_tuple(index, unpack_object(got->get()));
+            out.append(py::make_tuple(index, unpack_object(got->get())));  // may raise TaskError
+            for (Pool::Result& x : more) {
+              out.append(py::make_tuple(x.index, unpack_object(std::move(x.outputs))));
+            }
+            return out;
           },
-          py::arg("timeout") = py::none(),
-          "(index, (object,) or (payload, bases)) of the next task to finish, as Future.get; None "
-          "after the last, False when `timeout` passed first; a failed task raises its TaskError "
-          "(whose .index names it)");
+          py::arg("timeout") = py::none(), py::arg("most") = 64,
+          "[(index, (object,) or (payload, bases)), ...]: the next task to finish and those "
+          "finished after it, `most` in all, each as Future.get; None after the last, False when "
+          "`timeout` passed first; a failed task raises its TaskError (whose .index names it), "
+          "after every result before it");
 
   py::class_<Pool>(m, "Pool")
       .def(py::init([](const PoolOptions& options, const std::vector<at::Tensor>& shared,

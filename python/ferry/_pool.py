@@ -203,6 +203,7 @@ class _Stream:
         # error comes out in that chunk's place, after every result before it (multiprocessing
         # turns it into a task that raises, in the same place).
         self._input_error = None
+        self._ready = collections.deque()  # (index, values or exception) taken, not returned
         # The C++ stream holds what makes its inputs: by a weak reference, or this stream and
         # the pool behind it would be a cycle through C++ that Python's collector cannot see.
         ref = weakref.ref(self)
@@ -227,33 +228,36 @@ class _Stream:
         return payload, bases
 
     def _attempt(self, seconds):
+        """(done, None): the results that were in are in self._ready, or the stream ended."""
         try:
             got = self._results.next(seconds)
         except (_C.TaskError, _C.ShutDown) as e:
             index = getattr(e, "index", None)
             if index is None:
                 raise  # about the stream, not one of its tasks (the pool closed)
-            return True, (index, _errors.raised(e, self._name))
+            self._ready.append((index, _errors.raised(e, self._name)))
+            return True, None
         if got is False:
             return False, None
-        if got is None:
-            return True, None
-        index, message = got
-        return True, (index, _pickle.unpacked(message))
+        if got is not None:
+            unpacked = _pickle.unpacked
+            self._ready.extend((index, unpacked(message)) for index, message in got)
+        return True, None
 
     def next(self, timeout=None):
         """(index, values) or (index, exception) of a finished chunk; None after the last; False
         when `timeout` seconds passed first."""
-        if self._results is None:
-            return None
-        done, got = _waiting.wait(self._attempt, timeout)
-        if not done:
-            return False
-        if got is None:
-            self._results = None  # ended: the C++ stream and what it holds go now
-            got, self._input_error = self._input_error, None
-        else:
-            self._held.pop(got[0], None)
+        if not self._ready:
+            if self._results is None:
+                return None
+            if not _waiting.wait(self._attempt, timeout)[0]:
+                return False
+            if not self._ready:
+                self._results = None  # ended: the C++ stream and what it holds go now
+                got, self._input_error = self._input_error, None
+                return got
+        got = self._ready.popleft()
+        self._held.pop(got[0], None)
         return got
 
 
