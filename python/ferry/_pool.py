@@ -265,11 +265,14 @@ class IMapIterator:
     """multiprocessing's IMapIterator: results in input order (imap) or as they finish
     (imap_unordered); iterate it, or next(timeout), which raises multiprocessing.TimeoutError
     when `timeout` seconds pass first. The inputs are read as the pool has room: an endless
-    iterable streams. A task's exception is raised where its result would have come."""
+    iterable streams. A task's exception is raised where its result would have come; as under
+    multiprocessing, the results after it follow where chunks are of one input, and none does
+    where they are longer (multiprocessing flattens them with a generator, which a raise ends)."""
 
-    def __init__(self, stream, ordered):
+    def __init__(self, stream, ordered, chunked):
         self._stream = stream
         self._ordered = ordered
+        self._chunked = chunked
         self._chunks = {}  # chunk index -> its values (or exception), waiting for its turn
         self._expected = 0
         self._values = collections.deque()  # the current chunk's values not yet returned
@@ -281,8 +284,8 @@ class IMapIterator:
     def next(self, timeout=None):
         while not self._values:
             if self._ordered and self._expected in self._chunks:
-                self._take(self._chunks.pop(self._expected))
-                self._expected += 1
+                self._expected += 1  # first: a chunk that raises is behind the caller too
+                self._take(self._chunks.pop(self._expected - 1))
                 continue
             if self._ended:
                 raise StopIteration
@@ -303,6 +306,8 @@ class IMapIterator:
 
     def _take(self, out):
         if isinstance(out, BaseException):
+            if self._chunked:
+                self._ended, self._chunks = True, {}
             raise out
         self._values = collections.deque(out)
 
@@ -495,11 +500,13 @@ class Pool:
     def imap(self, func, iterable, chunksize=1):
         """func over iterable, results in input order as an IMapIterator (next(timeout)); the
         iterable is read as the pool has room, so an endless one streams."""
-        return IMapIterator(self._stream(func, iterable, chunksize, star=False), ordered=True)
+        return IMapIterator(self._stream(func, iterable, chunksize, star=False), ordered=True,
+                            chunked=chunksize > 1)
 
     def imap_unordered(self, func, iterable, chunksize=1):
         """As imap(), results as they finish."""
-        return IMapIterator(self._stream(func, iterable, chunksize, star=False), ordered=False)
+        return IMapIterator(self._stream(func, iterable, chunksize, star=False), ordered=False,
+                            chunked=chunksize > 1)
 
     def _default_chunksize(self, iterable):
         if not hasattr(iterable, "__len__"):

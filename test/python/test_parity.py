@@ -457,6 +457,43 @@ def test_maxtasksperchild_replaces_a_worker_and_runs_its_initializer_again(tmp_p
         """)
 
 
+def test_imap_goes_on_after_a_failed_input_as_multiprocessing_does(tmp_path):
+    """A failed input is raised in its place; after it, the iterator goes on where chunks are of
+    one input, and ends where they are longer (multiprocessing flattens chunks with a generator).
+    Quick tasks, whose results come back in batches, and a failure among them."""
+    same(tmp_path, """
+        def f(x):
+            if x == 50:
+                raise ValueError(x)
+            return x
+
+        def drain(it):
+            out = []
+            while True:
+                try:
+                    out.append(next(it))
+                except StopIteration:
+                    return out
+                except ValueError as e:
+                    out.append(f"ValueError{e.args}")
+
+        if __name__ == "__main__":
+            with mp.get_context("spawn").Pool(2) as p:
+                for chunksize in (1, 4):
+                    ordered = drain(p.imap(f, range(100), chunksize))
+                    print(chunksize, len(ordered), ordered[48:52], ordered[-1])
+                    unordered = drain(p.imap_unordered(f, range(100), chunksize))
+                    # Which chunks finish before the failed one is timing's: not printed.
+                    print(chunksize, "ValueError(50,)" in unordered,
+                          len(unordered) if chunksize == 1 else unordered[-1])
+        """, """\
+        1 100 [48, 49, 'ValueError(50,)', 51] 99
+        1 True 100
+        4 49 ['ValueError(50,)'] ValueError(50,)
+        4 True ValueError(50,)
+        """)
+
+
 def test_the_documented_calls_of_a_pool_and_the_queues_answer_alike(tmp_path):
     """CPython 3.11's documentation of Pool, AsyncResult, Queue, JoinableQueue and SimpleQueue,
     call by call: chunksize, callbacks, timeouts, join() after close() and after terminate(),

@@ -107,32 +107,6 @@ def test_a_task_exception_is_raised_as_itself_with_the_worker_traceback(pool):
     assert pool.map(square, [3]) == [9]  # the worker goes on
 
 
-def test_a_stream_of_quick_tasks_raises_a_failure_in_its_place_and_goes_on(pool):
-    # Quick tasks' results come back in batches; a failure among them is raised where its result
-    # would have come, every result before it first, and the stream goes on after it, as
-    # multiprocessing's IMapIterator does.
-    def fails_at_150(x):
-        if x == 150:
-            raise ValueError(f"input {x}")
-        return x
-
-    it = pool.imap(fails_at_150, range(300))
-    assert [next(it) for _ in range(150)] == list(range(150))
-    with pytest.raises(ValueError, match="input 150"):
-        next(it)
-    assert list(it) == list(range(151, 300))
-    got, failed = [], []
-    it = pool.imap_unordered(fails_at_150, range(300))
-    while True:
-        try:
-            got.append(next(it))
-        except StopIteration:
-            break
-        except ValueError as e:
-            failed.append(str(e))
-    assert sorted(got) == [x for x in range(300) if x != 150] and failed == ["input 150"]
-
-
 class _Unpicklable(Exception):
     def __init__(self, what):
         super().__init__(what)
