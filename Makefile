@@ -7,7 +7,8 @@ CMAKE_ARGS ?=
 # Tests run with one job per core; the kill-loop tests start many processes each.
 CTEST_ARGS ?= --output-on-failure -j $(JOBS) --timeout 600
 
-.PHONY: all deps configure build run test bench soak asan tsan api-check forky-test install-check \
+.PHONY: all deps configure build run test bench soak asan tsan api-check forky-test forky-prepare \
+  install-check \
   clean
 
 all: build
@@ -127,6 +128,10 @@ FORKY_CTEST_ARGS ?=
 forky-test:
 	FORKY_ROOT=$(FORKY_ROOT) JOBS=$(JOBS) CMAKE_ARGS="$(CMAKE_ARGS)" \
 	  tools/forky-test.sh $(FORKY_CTEST_ARGS)
+
+# The chroot alone, made and filled, nothing built: CI's first step, beside the Debian 12 pass.
+forky-prepare:
+	FORKY_ROOT=$(FORKY_ROOT) tools/forky-test.sh --prepare
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan $(API_BUILD) build-forky

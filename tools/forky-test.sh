@@ -4,6 +4,8 @@
 # for the next run.
 #
 #   tools/forky-test.sh [CTEST_ARGS...]
+#   tools/forky-test.sh --prepare     the chroot made and its packages installed, nothing built
+#                                     (CI runs it beside the Debian 12 pass: it waits on the mirror)
 #
 #   FORKY_ROOT   the chroot (default /var/tmp/ferry-forky); made with debootstrap when missing
 #   FORKY_BUILD  the build tree, inside the checkout (default build-forky)
@@ -21,6 +23,12 @@ set -euo pipefail
 die() { echo "forky-test: $*" >&2; exit 1; }
 say() { echo "== forky-test: $*"; }
 
+prepare_only=0
+if [ "${1:-}" = --prepare ]; then
+  prepare_only=1
+  shift
+  [ $# -eq 0 ] || die "--prepare takes no ctest arguments (given: $*)"
+fi
 src=$(cd "$(dirname "$0")/.." && pwd)
 root=${FORKY_ROOT:-/var/tmp/ferry-forky}
 build=${FORKY_BUILD:-build-forky}
@@ -157,6 +165,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 torch_version=$(in_chroot dpkg-query -W -f='${Version}' libtorch-dev)
 say "LibTorch $torch_version, $(in_chroot g++ --version | head -n 1)"
+if [ "$prepare_only" = 1 ]; then
+  say "chroot ready in $(elapsed); nothing built (--prepare)"
+  exit 0
+fi
 
 # ---- build and test ----------------------------------------------------------------------------
 # -O2 as `make test` builds, but without debug info: that halves the compile of a source full of
