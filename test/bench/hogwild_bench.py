@@ -116,9 +116,10 @@ def measure_limits(cfg):
 
 def measure_limits_apart(cfg):
     """measure_limits in a process of its own, started by spawn. A step alone runs autograd, and
-    PyTorch 2.x refuses autograd in any child forked after its parent ran it ("Unable to handle
-    autograd's threading in combination with fork-based multiprocessing"): measured here, the
-    forked trainers of every row would fail. 1.13 tracks that only where a GPU backend exists."""
+    PyTorch refuses autograd in any child forked after its parent ran it wherever it has a device
+    besides the CPU (a GPU; Vulkan in Debian forky's 2.14: "Unable to handle autograd's threading
+    in combination with fork-based multiprocessing", docs/python.md): measured here, the forked
+    trainers of every row would fail there."""
     with concurrent.futures.ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn")) as apart:
         return apart.submit(measure_limits, cfg).result()
