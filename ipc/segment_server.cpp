@@ -366,8 +366,16 @@ ControlMessage fetch_entry(pid_t owner_pid, std::uint64_t owner_token, std::uint
   }
   Request req{kRequestMagic, seq};
   if (::send(sock.get(), &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) {
+    // An owner that died between the connect and the send breaks the pipe: that is its death,
+    // which the caller answers from the queue's custody, not a failure of this process's own.
+    const int err = errno;
+    if (owner_gone(owner_pid)) {
+      throw Error(Errc::peer_dead, "the sender (pid " + std::to_string(owner_pid) +
+                                       ") exited while segment " + std::to_string(seq) +
+                                       " was asked of it");
+    }
     throw_errno(Errc::fd_transfer, "sending a segment request to pid " + std::to_string(owner_pid),
-                errno);
+                err);
   }
   ControlMessage answer;
   try {
