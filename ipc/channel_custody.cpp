@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "ipc/channel.hpp"
@@ -194,8 +195,17 @@ void Channel::sweep_custody(bool force) {
 UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uint64_t owner_token,
                                        std::uint32_t segment) {
   Header* h = header();
-  bool drained;
-  std::vector<custody::Deposit> deposits = custody::take_deposits(custody_.get(), &drained);
+  bool drained = true;
+  // The deposits are read as copies, left in the socket: a reader SIGKILLed from here on (a
+  // consumer inside its pop, any process sweeping) takes nothing with it. Only where the kernel
+  // has no peek offset for the socket are they taken out and sent back, a window in which such a
+  // death would lose them.
+  std::size_t datagrams = 0;
+  std::optional<std::vector<custody::Deposit>> peeked =
+      custody::peek_deposits(custody_.get(), &drained, &datagrams);
+  const bool in_place = peeked.has_value();
+  std::vector<custody::Deposit> deposits =
+      in_place ? std::move(*peeked) : custody::take_deposits(custody_.get(), &drained);
   // Who pushed what is still queued: their deposits stay whatever their fate.
   std::set<pid_t> queued;
   const std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
@@ -209,8 +219,11 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
   std::map<pid_t, bool> lives;
   for (pid_t pid : alive) lives[pid] = true;
   UniqueFd found;
-  // Kept deposits are merged by owner, so each owner takes one datagram (or a few) at most.
+  bool dropped = datagrams > deposits.size();  // a malformed datagram goes at the next rewrite
+  // Kept deposits are merged by owner, each segment once (a reader killed between writing and
+  // dropping leaves some twice), so each owner takes one datagram (or a few) at most.
   std::map<std::uint64_t, custody::Deposit> kept;
+  std::map<std::uint64_t, std::set<std::uint32_t>> kept_segments;
   for (custody::Deposit& d : deposits) {
     const pid_t owner = d.head.owner_pid;
     auto life = lives.find(owner);
@@ -218,6 +231,7 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
     if (deposit_fate(life->second, queued.count(owner) != 0) == DepositFate::drop) {
       ferry::log().debug("channel custody: dropped {} segment(s) of pid {}, which has exited",
                          d.fds.size(), owner);
+      dropped = true;
       continue;  // its fds close here
     }
     if (!found && owner_token != 0 && d.head.owner_token == owner_token) {
@@ -230,14 +244,30 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
       }
     }
     custody::Deposit& k = kept[d.head.owner_token];
+    std::set<std::uint32_t>& have = kept_segments[d.head.owner_token];
     if (k.fds.empty()) k.head = d.head;
     for (std::size_t i = 0; i < d.segments.size(); ++i) {
+      if (!have.insert(d.segments[i]).second) {
+        dropped = true;  // a second copy of it: the rewrite leaves one
+        continue;
+      }
       k.segments.push_back(d.segments[i]);
       k.fds.push_back(std::move(d.fds[i]));
     }
   }
+  std::size_t parts = 0;
+  for (const auto& [token, d] : kept) {
+    parts += (d.fds.size() + custody::kMaxFdsPerDeposit - 1) / custody::kMaxFdsPerDeposit;
+  }
+  // Read in place and nothing to drop or merge: the socket stays as it is.
+  const bool rewrite = !in_place || dropped || parts < datagrams;
   std::set<pid_t> owners;
+  bool all_sent = true;
   for (auto& [token, d] : kept) {
+    if (!rewrite) {
+      owners.insert(d.head.owner_pid);
+      continue;
+    }
     for (std::size_t at = 0; at < d.fds.size(); at += custody::kMaxFdsPerDeposit) {
       custody::Deposit part;
       part.head = d.head;
@@ -248,12 +278,29 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
         part.fds.push_back(std::move(d.fds[i]));
       }
       if (const int err = custody::send_deposit(custody_.get(), part)) {
+        all_sent = false;
+        if (in_place) {
+          // The originals are still there: nothing is dropped this time.
+          ferry::log().debug("channel custody: not rewritten, a deposit of pid {} did not go: {}",
+                             part.head.owner_pid, refusal_remedy(err));
+          continue;
+        }
         // Taken out, it cannot go back: what it kept for a dead owner's messages is lost.
         ferry::log().warn("channel custody: lost {} segment(s) of pid {} while sweeping it: {}",
                           part.fds.size(), part.head.owner_pid, refusal_remedy(err));
         continue;
       }
       owners.insert(part.head.owner_pid);
+    }
+  }
+  if (rewrite && in_place) {
+    if (all_sent) {
+      custody::drop_deposits(custody_.get(), datagrams);  // the originals, ahead of the copies
+    } else {
+      // The copies that went are second copies, merged away by a later sweep; every owner of an
+      // original is still tracked.
+      for (const auto& [token, d] : kept) owners.insert(d.head.owner_pid);
+      for (const custody::Deposit& d : deposits) owners.insert(d.head.owner_pid);
     }
   }
   // The owners' table, written again from what is kept; what could not be read is swept again.

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "ipc/control_socket.hpp"
@@ -104,11 +105,14 @@ int send_deposit(int sock, const Deposit& d) {
 }
 
 // A dropped deposit's messages then fail as their sender's death would have them fail.
-std::vector<Deposit> take_deposits(int sock, bool* drained) {
-  std::vector<Deposit> out;
-  *drained = true;
+namespace {
+
+// Reads the next datagram (MSG_PEEK: a copy of it, fds included, which stays in the socket) into
+// `d`. 1: a whole deposit; 0: a datagram that is none (malformed, or its fds did not fit: logged,
+// and counted by the caller); -1: nothing more to read (`*failed` when that was an error).
+int read_deposit(int sock, int flags, Deposit& d, bool* failed) {
   for (;;) {
-    Deposit d;
+    d = Deposit{};
     d.segments.resize(kMaxFdsPerDeposit);
     iovec iov[2] = {{&d.head, sizeof d.head},
                     {d.segments.data(), d.segments.size() * sizeof(std::uint32_t)}};
@@ -118,14 +122,14 @@ std::vector<Deposit> take_deposits(int sock, bool* drained) {
     msg.msg_iovlen = 2;
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    const ssize_t n = ::recvmsg(sock, &msg, flags | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         ferry::log().warn("channel custody: reading it failed: {}", std::strerror(errno));
-        *drained = false;
+        *failed = true;
       }
-      return out;
+      return -1;
     }
     take_passed_fds(msg, d.fds);
     const bool whole =
@@ -138,11 +142,57 @@ std::vector<Deposit> take_deposits(int sock, bool* drained) {
                         static_cast<std::size_t>(n) >= sizeof d.head
                             ? " of pid " + std::to_string(d.head.owner_pid)
                             : std::string());
-      continue;
+      return 0;
     }
     d.segments.resize(d.head.count);
-    out.push_back(std::move(d));
+    return 1;
   }
+}
+
+}  // namespace
+
+std::vector<Deposit> take_deposits(int sock, bool* drained) {
+  std::vector<Deposit> out;
+  bool failed = false;
+  for (;;) {
+    Deposit d;
+    const int got = read_deposit(sock, 0, d, &failed);
+    if (got < 0) break;
+    if (got > 0) out.push_back(std::move(d));
+  }
+  *drained = !failed;
+  return out;
+}
+
+std::optional<std::vector<Deposit>> peek_deposits(int sock, bool* drained, std::size_t* datagrams) {
+  // The peek offset is the socket's, shared by every process that holds it: set here each time,
+  // as one that was killed while peeking leaves it anywhere.
+  int zero = 0;
+  if (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &zero, sizeof zero) != 0) return std::nullopt;
+  std::vector<Deposit> out;
+  bool failed = false;
+  *datagrams = 0;
+  for (;;) {
+    Deposit d;
+    const int got = read_deposit(sock, MSG_PEEK, d, &failed);
+    if (got < 0) break;
+    ++*datagrams;
+    if (got > 0) out.push_back(std::move(d));
+  }
+  int off = -1;
+  ::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &off, sizeof off);
+  *drained = !failed;
+  return out;
+}
+
+std::size_t drop_deposits(int sock, std::size_t datagrams) {
+  std::size_t dropped = 0;
+  bool failed = false;
+  for (; dropped < datagrams; ++dropped) {
+    Deposit d;  // its fds close here
+    if (read_deposit(sock, 0, d, &failed) < 0) break;
+  }
+  return dropped;
 }
 
 }  // namespace ferry::custody

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <string>
@@ -52,7 +53,17 @@ int send_deposit(int sock, const Deposit& d);
 
 // Every deposit in the socket, taken out of it: the caller sends back what is still needed. A
 // malformed datagram, or one whose fds this process had no room for, is dropped (logged).
-// `*drained`: nothing is left unread.
+// `*drained`: nothing is left unread. A process killed before it has sent them back takes them
+// with it: peek_deposits() is the way that cannot lose one; this, where the kernel has no peek
+// offset for the socket.
 std::vector<Deposit> take_deposits(int sock, bool* drained);
+// Every deposit in the socket, copied (its fds duplicated into this process) and left there, as
+// are malformed datagrams (logged, not returned); `*datagrams` counts what was read, both kinds.
+// nullopt where the socket takes no peek offset (SO_PEEK_OFF).
+std::optional<std::vector<Deposit>> peek_deposits(int sock, bool* drained, std::size_t* datagrams);
+// Takes the first `datagrams` datagrams out of the socket and closes their fds; how many it took.
+// A caller that rewrites the custody sends what it keeps first, then drops what it read: killed
+// in between, it leaves a deposit twice, never none.
+std::size_t drop_deposits(int sock, std::size_t datagrams);
 
 }  // namespace ferry::custody

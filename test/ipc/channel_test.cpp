@@ -1,5 +1,6 @@
 // Channel tests with real processes: every peer is a fork()ed child sharing the segment, and the
 // crash tests SIGKILL them at random instants, including inside the ring's critical section.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -1049,6 +1050,73 @@ TEST_CASE(
   ch->sweep_custody(true);
   children.expect_success(reader);
   REQUIRE(ch->size() == 0);
+}
+
+TEST_CASE(
+    "channel custody: readers SIGKILLed at random moments while they sweep it lose no deposit",
+    "[channel][custody]") {
+  // A reader of the custody (a consumer inside its pop, any process sweeping) once took every
+  // deposit out of the socket and sent back what was still needed: killed in between, it took
+  // them all with it, and the messages of every dead sender were lost (the queue soak's chaos
+  // scenario saw it). Here a dead sender's message waits in the queue while readers sweep in a
+  // loop and are killed at random moments, each round with a deposit to drop beside it, so that
+  // the sweeps rewrite the socket too; then its consumer must still find the segment.
+  Watchdog watchdog(120);
+  auto ch = make_channel(16);
+  REQUIRE(ch->custody_fd() >= 0);
+  Children children;
+  int pipe_fds[2];
+  const pid_t witness = pipe_witness(children, pipe_fds, "a");
+  constexpr std::uint64_t kOwner = 0xdead5eed;
+  const int write_end = pipe_fds[1];
+  const pid_t sender = children.spawn([&] {
+    const std::uint32_t segments[] = {3};
+    if (!ch->entrust(
+            kOwner, segments, 1, [write_end](std::uint32_t) { return write_end; }, 5s))
+      return 1;
+    push_message(*ch, 1, 1);
+    ::raise(SIGKILL);
+    return 2;
+  });
+  REQUIRE(WIFSIGNALED(children.wait(sender, 10s)));
+  ::close(write_end);  // the custody holds the only write end now
+
+  std::mt19937 rng(7);
+  const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  REQUIRE(null_fd >= 0);
+  for (int round = 0; round < 150; ++round) {
+    // An owner that deposits and exits with nothing queued: the next sweep drops its deposit.
+    const pid_t passer = children.spawn([&] {
+      const std::uint32_t segments[] = {7};
+      return ch->entrust(
+                 kOwner + 1 + round, segments, 1, [null_fd](std::uint32_t) { return null_fd; }, 5s)
+                 ? 0
+                 : 1;
+    });
+    children.expect_success(passer);
+    const pid_t sweeper = children.spawn([&] {
+      for (;;) ch->sweep_custody(true);
+      return 0;
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    ::kill(sweeper, SIGKILL);
+    children.wait(sweeper, 10s);
+  }
+  ::close(null_fd);
+
+  const pid_t consumer = children.spawn([&] {
+    std::vector<std::byte> out;
+    bool ok = false;
+    ch->pop(out, 5s, [&](const std::byte*, std::uint32_t, std::uint64_t) {
+      ferry::UniqueFd data = ch->from_custody(kOwner, 3);
+      const char mark = 'a';
+      ok = data && ::write(data.get(), &mark, 1) == 1;
+    });
+    return ok ? 0 : 1;
+  });
+  children.expect_success(consumer);
+  ch->sweep_custody(true);  // the sender's deposit goes: its last message has been taken
+  children.expect_success(witness);
 }
 
 TEST_CASE(
