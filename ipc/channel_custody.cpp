@@ -219,7 +219,9 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
   std::map<pid_t, bool> lives;
   for (pid_t pid : alive) lives[pid] = true;
   UniqueFd found;
-  bool dropped = datagrams > deposits.size();  // a malformed datagram goes at the next rewrite
+  // Whether the socket should hold less than it does: a malformed datagram, a deposit to drop,
+  // a segment twice, or deposits of one owner to merge (below).
+  bool shrinks = datagrams > deposits.size();
   // Kept deposits are merged by owner, each segment once (a reader killed between writing and
   // dropping leaves some twice), so each owner takes one datagram (or a few) at most.
   std::map<std::uint64_t, custody::Deposit> kept;
@@ -231,7 +233,7 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
     if (deposit_fate(life->second, queued.count(owner) != 0) == DepositFate::drop) {
       ferry::log().debug("channel custody: dropped {} segment(s) of pid {}, which has exited",
                          d.fds.size(), owner);
-      dropped = true;
+      shrinks = true;
       continue;  // its fds close here
     }
     if (!found && owner_token != 0 && d.head.owner_token == owner_token) {
@@ -248,7 +250,7 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
     if (k.fds.empty()) k.head = d.head;
     for (std::size_t i = 0; i < d.segments.size(); ++i) {
       if (!have.insert(d.segments[i]).second) {
-        dropped = true;  // a second copy of it: the rewrite leaves one
+        shrinks = true;  // a second copy of it: the rewrite leaves one
         continue;
       }
       k.segments.push_back(d.segments[i]);
@@ -260,7 +262,7 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
     parts += (d.fds.size() + custody::kMaxFdsPerDeposit - 1) / custody::kMaxFdsPerDeposit;
   }
   // Read in place and nothing to drop or merge: the socket stays as it is.
-  const bool rewrite = !in_place || dropped || parts < datagrams;
+  const bool rewrite = !in_place || shrinks || parts < datagrams;
   std::set<pid_t> owners;
   bool all_sent = true;
   for (auto& [token, d] : kept) {
@@ -299,7 +301,6 @@ UniqueFd Channel::sweep_custody_locked(const std::vector<pid_t>& alive, std::uin
     } else {
       // The copies that went are second copies, merged away by a later sweep; every owner of an
       // original is still tracked.
-      for (const auto& [token, d] : kept) owners.insert(d.head.owner_pid);
       for (const custody::Deposit& d : deposits) owners.insert(d.head.owner_pid);
     }
   }

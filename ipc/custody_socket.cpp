@@ -104,12 +104,13 @@ int send_deposit(int sock, const Deposit& d) {
   return send_deposit(sock, d.head, d.segments.data(), fds.data());
 }
 
-// A dropped deposit's messages then fail as their sender's death would have them fail.
 namespace {
 
-// Reads the next datagram (MSG_PEEK: a copy of it, fds included, which stays in the socket) into
-// `d`. 1: a whole deposit; 0: a datagram that is none (malformed, or its fds did not fit: logged,
-// and counted by the caller); -1: nothing more to read (`*failed` when that was an error).
+// Reads the next datagram into `d`: taken out, or with MSG_PEEK in `flags` a copy of it (its fds
+// duplicated here) that stays in the socket. 1: a whole deposit; 0: a datagram that is none
+// (malformed, or its fds did not fit: logged; a dropped deposit's messages then fail as their
+// sender's death would have them fail); -1: nothing more to read (`*failed` when that was an
+// error).
 int read_deposit(int sock, int flags, Deposit& d, bool* failed) {
   for (;;) {
     d = Deposit{};

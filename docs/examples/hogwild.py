@@ -69,7 +69,7 @@ def accuracy(model, x, y):
 
 # -- the processes ----------------------------------------------------------------------------
 
-def decay(opt, args, counts, total, base):
+def decay(opt, counts, total, base):
     """The learning rate falls linearly with the samples all trainers have taken, to a tenth at
     the end: Hogwild's last steps race on a model that is nearly trained, and at the full rate
     the final accuracy wanders a point or two around where it settles."""
@@ -138,7 +138,7 @@ def trainer(rank, args, setup, queue, ready, go, torch_state=None):
             handoff[rank, 1] += time.thread_time() - c0
             if item is None:
                 break
-            decay(opt, args, counts, total, base)
+            decay(opt, counts, total, base)
             step(model, opt, *item)
             counts[rank] += len(item[0])
     else:
@@ -146,7 +146,7 @@ def trainer(rank, args, setup, queue, ready, go, torch_state=None):
             order = shard[torch.randperm(len(shard), generator=g)]
             for i in range(0, len(order) - args.batch + 1, args.batch):
                 idx = order[i:i + args.batch]
-                decay(opt, args, counts, total, base)
+                decay(opt, counts, total, base)
                 step(model, opt, x[idx], y[idx])
                 counts[rank] += args.batch
 

@@ -284,8 +284,9 @@ class IMapIterator:
     def next(self, timeout=None):
         while not self._values:
             if self._ordered and self._expected in self._chunks:
-                self._expected += 1  # first: a chunk that raises is behind the caller too
-                self._take(self._chunks.pop(self._expected - 1))
+                out = self._chunks.pop(self._expected)
+                self._expected += 1  # before _take: a chunk that raises is behind the caller too
+                self._take(out)
                 continue
             if self._ended:
                 raise StopIteration

@@ -29,7 +29,6 @@ alone.
 """
 
 import argparse
-import concurrent.futures
 import itertools
 import json
 import multiprocessing
@@ -120,9 +119,12 @@ def measure_limits_apart(cfg):
     besides the CPU (a GPU; Vulkan in Debian forky's 2.14: "Unable to handle autograd's threading
     in combination with fork-based multiprocessing", docs/python.md): measured here, the forked
     trainers of every row would fail there."""
-    with concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn")) as apart:
-        return apart.submit(measure_limits, cfg).result()
+    apart = multiprocessing.get_context("spawn").Pool(1)
+    try:
+        # Bounded (it takes a few seconds): a child that hangs fails the run, and is killed.
+        return apart.apply_async(measure_limits, (cfg,)).get(timeout=600)
+    finally:
+        apart.terminate()
 
 
 def row_limits(r, measured):
