@@ -7,6 +7,7 @@
 
 #include "ipc/error.hpp"
 #include "ipc/log.hpp"
+#include "ipc/spin_policy.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define FERRY_UNDER_TSAN 1
@@ -68,12 +69,37 @@ int lock_for(pthread_mutex_t* mutex, std::chrono::nanoseconds slice) {
 #endif
 }
 
+// Tries `mutex` for a moment before the caller sleeps on it: EBUSY when it stayed taken. Its
+// holders keep it for a copy of a few records, far shorter than a futex sleep and the wake-up
+// that ends it (several microseconds each on a small VM, and the holder pays for the wake-up
+// too): a pool's caller, collector and worker met on it for every task. Not where this process
+// has one CPU (FERRY_SPIN_US=0 says the same), where the holder cannot run while it is tried.
+int try_briefly(pthread_mutex_t* mutex) noexcept {
+  constexpr int kTries = 64;  // a few microseconds
+  static const bool may_spin = [] {
+    try {
+      return SpinPolicy::ceiling_from_env().count() > 0;
+    } catch (const Error&) {
+      return false;  // a bad FERRY_SPIN_US is reported by the waits that read it
+    }
+  }();
+  if (!may_spin) return EBUSY;
+  for (int i = 0; i < kTries; ++i) {
+    const int rc = pthread_mutex_trylock(mutex);
+    if (rc != EBUSY) return rc;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return EBUSY;
+}
+
 }  // namespace
 
 Lock::Lock(Header* h, const Deadline& deadline, const char* op, std::chrono::milliseconds timeout)
     : mutex_(&h->mutex) {
-  int rc;
-  for (;;) {
+  int rc = try_briefly(mutex_);
+  while (rc == EBUSY || rc == ETIMEDOUT) {
     rc = lock_for(mutex_, kWaitSlice);
     if (rc != ETIMEDOUT) break;
     if (deadline.passed()) {
