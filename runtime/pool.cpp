@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ipc/adaptive_mutex.hpp"
 #include "ipc/log.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/supervisor/board.hpp"
@@ -317,7 +318,7 @@ struct Pool::Results::State {
   std::optional<Tensors> held;  // made but not yet admitted (the pool was full)
   std::size_t outstanding = 0;  // submitted, not yet returned by next()
   std::size_t window = 0;       // the pool's capacity when inputs were last submitted
-  std::mutex mu;
+  AdaptiveMutex mu;  // the collectors' and the reader's: short sections, tried before sleeping
   std::condition_variable arrived;
   std::deque<Result> ready;
   // When the first of `ready` came in since it was last empty. A reader sleeps only on an empty
