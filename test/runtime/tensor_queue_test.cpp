@@ -325,6 +325,30 @@ TEST_CASE("a small ordinary tensor crosses inside its record: no block, no lease
   CHECK(after.tensors_copied_on_receipt - before.tensors_copied_on_receipt == 1);  // the large one
 }
 
+TEST_CASE("a tensor received in its record is the receiver's own, as one at::empty made: "
+          "writable, resizable, aligned for its dtype",
+          "[queue]") {
+  auto q = TensorQueue::create({8});
+  const Tensors sent = {at::randn({5}, at::kComplexDouble), at::arange(3, at::kLong),
+                        at::ones({2, 2}, at::kHalf), at::zeros({0}, at::kFloat)};
+  q.send(sent, 5s);
+  Tensors m = q.recv(5s);
+  REQUIRE(m.size() == sent.size());
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    CHECK(m[i].equal(sent[i]));
+    const auto at = reinterpret_cast<std::uintptr_t>(m[i].data_ptr());
+    CHECK(at % m[i].element_size() == 0);
+  }
+  m[1].add_(1);
+  CHECK(m[1].equal(at::arange(1, 4, at::kLong)));
+  // Grown past what the record carried: new memory, the values kept, as for any CPU tensor.
+  m[1].resize_({1000});
+  m[1].fill_(7);
+  CHECK(m[1].sum().item<std::int64_t>() == 7000);
+  m[3].resize_({4}).fill_(2);
+  CHECK(m[3].sum().item<float>() == 8.0f);
+}
+
 TEST_CASE("empty_for_sending makes a buffer where it travels cheapest: its record, or the arena",
           "[queue]") {
   auto q = TensorQueue::create({8});

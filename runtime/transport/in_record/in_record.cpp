@@ -1,12 +1,35 @@
 #include "runtime/transport/in_record/in_record.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+
+#include <c10/core/CPUAllocator.h>
 
 #include "runtime/transport/dtype.hpp"
 #include "runtime/transport/tensor_view.hpp"
 
 namespace ferry::detail {
 namespace {
+
+// A CPU tensor whose memory comes from malloc, not from c10's CPU allocator. That one asks
+// posix_memalign for 64-byte alignment, which glibc serves past its per-thread cache by carving
+// and freeing chunks, and a pool received two of these per task (each task's envelope and its
+// result's): with the matching sends, a fifth of an empty task's CPU went to the allocator
+// (docs/benchmarks.md, issue 54). malloc aligns to 16 bytes, all any dtype needs. The storage
+// stays resizable, growing through the CPU allocator, as at::empty's does.
+at::Tensor malloc_tensor(at::IntArrayRef sizes, caffe2::TypeMeta dtype, std::size_t nbytes) {
+  void* mem = std::malloc(std::max<std::size_t>(nbytes, 1));
+  if (mem == nullptr) throw std::bad_alloc();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(mem, mem, &std::free, c10::Device(c10::kCPU)),
+                       c10::GetCPUAllocator(), /*resizable=*/true);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
 
 class InRecord final : public Transport {
  public:
@@ -38,14 +61,16 @@ class InRecord final : public Transport {
 
   at::Tensor decode(Claim& c, pid_t) const override {
     const wire::Record& r = c.record;
-    at::Tensor t = at::empty(at::IntArrayRef(r.sizes, r.rank),
-                             at::TensorOptions().dtype(from_wire_dtype(r.dtype)));
-    // validate() checked that the view is contiguous and its bytes are block_length: at::empty's.
-    const std::size_t bytes = t.nbytes();
+    const caffe2::TypeMeta dtype = c10::scalarTypeToTypeMeta(from_wire_dtype(r.dtype));
+    const at::IntArrayRef sizes(r.sizes, r.rank);
+    // validate() checked that the view is contiguous and its bytes are block_length.
+    const std::size_t bytes =
+        static_cast<std::size_t>(c10::multiply_integers(sizes)) * dtype.itemsize();
     if (bytes > r.block_length) {
       throw Error(Errc::bad_record, "an inline record of " + std::to_string(r.block_length) +
                                         " bytes describes " + std::to_string(bytes));
     }
+    at::Tensor t = malloc_tensor(sizes, dtype, bytes);
     if (bytes > 0) std::memcpy(t.data_ptr(), wire::inline_bytes(r), bytes);
     return t;
   }
