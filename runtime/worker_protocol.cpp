@@ -93,11 +93,28 @@ Welcome decode_welcome(const std::string& bytes) {
   return parse<Welcome>(bytes, "welcome", welcome_from);
 }
 
+namespace {
+
+// An envelope's tensor: this thread's own, written again for each message while nobody holds
+// the last one. An envelope travels inside its record, copied there by the send, so its tensor
+// is free again once the send returns; a fresh one per message cost a 64-byte-aligned
+// allocation and its free, past glibc's per-thread cache, for each task on each side.
+template <std::int64_t Words>
+at::Tensor envelope_tensor() {
+  thread_local at::Tensor kept;
+  if (!kept.defined() || kept.use_count() != 1 || kept.storage().use_count() != 1) {
+    kept = at::empty({Words}, at::kLong);
+  }
+  return kept;
+}
+
+}  // namespace
+
 // Envelopes are ordinary tensors small enough to travel inside their records (64 and 72 bytes):
 // no arena block, lease or mapping per task, and no copy in the statistics.
 at::Tensor pack(const TaskEnvelope& e) {
   static_assert(kResultWords * 8 <= wire::kInlineBytes, "an envelope fits a record");
-  at::Tensor t = at::empty({kTaskWords}, at::kLong);
+  at::Tensor t = envelope_tensor<kTaskWords>();
   std::int64_t* w = t.data_ptr<std::int64_t>();
   w[0] = kEnvelopeMagic;
   w[1] = kTaskKind;
@@ -111,7 +128,7 @@ at::Tensor pack(const TaskEnvelope& e) {
 }
 
 at::Tensor pack(const ResultEnvelope& e) {
-  at::Tensor t = at::empty({kResultWords}, at::kLong);
+  at::Tensor t = envelope_tensor<kResultWords>();
   std::int64_t* w = t.data_ptr<std::int64_t>();
   w[0] = kEnvelopeMagic;
   w[1] = kResultKind;

@@ -85,6 +85,7 @@ struct ResultEnvelope {
   std::uint64_t tensors_copied = 0, bytes_copied = 0;
 };
 
+// The tensors may be this thread's own, written again by its next pack once nobody holds them.
 at::Tensor pack(const TaskEnvelope& e);
 at::Tensor pack(const ResultEnvelope& e);
 // Throw Error(bad_record) when the tensor is not an envelope of that kind.

@@ -33,7 +33,7 @@ struct Board {
   // `here` slots for this machine's workers (numbered 0..here-1, as in the book).
   Board(int here, int per_worker, int max_retries, std::uint64_t tasks_per_life);
 
-  mutable AdaptiveMutex mu;  // its sections are short: tried before a taker sleeps
+  mutable AdaptiveMutex mu;         // its sections are short: tried before a taker sleeps
   std::condition_variable changed;  // room for submitters, drain progress for close()
   TaskBook book;
   // Every slot, by its number in the book: this machine's workers first, then the hosts as they

@@ -120,6 +120,16 @@ TEST_CASE(
   at::Tensor bad = protocol::pack(e);
   bad[8] = static_cast<std::int64_t>(protocol::kMaxDetailPieces + 1);
   CHECK_THROWS_WITH(protocol::unpack_result(bad), Catch::Contains("detail"));
+  // An envelope still held is never written again by the next pack.
+  protocol::ResultEnvelope other;
+  other.task_id = 8;
+  const at::Tensor second = protocol::pack(other);
+  CHECK(protocol::unpack_result(second).task_id == 8);
+  CHECK(bad.data_ptr() != second.data_ptr());
+  CHECK(bad[2].item<std::int64_t>() == 7);
+  const at::Tensor view = protocol::pack(e).slice(0, 0, 3);  // its storage held, not its tensor
+  CHECK(protocol::unpack_result(protocol::pack(other)).task_id == 8);
+  CHECK(view[2].item<std::int64_t>() == 7);
 }
 
 }  // namespace
