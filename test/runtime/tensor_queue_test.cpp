@@ -325,9 +325,10 @@ TEST_CASE("a small ordinary tensor crosses inside its record: no block, no lease
   CHECK(after.tensors_copied_on_receipt - before.tensors_copied_on_receipt == 1);  // the large one
 }
 
-TEST_CASE("a tensor received in its record is the receiver's own, as one at::empty made: "
-          "writable, resizable, aligned for its dtype",
-          "[queue]") {
+TEST_CASE(
+    "a tensor received in its record is the receiver's own, as one at::empty made: "
+    "writable, resizable, aligned for its dtype",
+    "[queue]") {
   auto q = TensorQueue::create({8});
   const Tensors sent = {at::randn({5}, at::kComplexDouble), at::arange(3, at::kLong),
                         at::ones({2, 2}, at::kHalf), at::zeros({0}, at::kFloat)};
