@@ -87,9 +87,7 @@ int try_briefly(pthread_mutex_t* mutex) noexcept {
   for (int i = 0; i < kTries; ++i) {
     const int rc = pthread_mutex_trylock(mutex);
     if (rc != EBUSY) return rc;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    cpu_relax();
   }
   return EBUSY;
 }
