@@ -105,7 +105,11 @@ TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok
   }
   Worker& w = workers_.at(worker);
   const bool was_head = !w.handed.empty() && w.handed.front() == id;
-  w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), id), w.handed.end());
+  if (was_head) {
+    w.handed.pop_front();  // a worker runs its tasks in order: the usual case
+  } else {
+    w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), id), w.handed.end());
+  }
   if (was_head) {
     if (w.depth) {
       w.depth->record(now - w.head_since);

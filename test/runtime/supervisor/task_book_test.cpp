@@ -144,6 +144,27 @@ TEST_CASE("task book: the oldest task of a worker is overdue from when it could 
   CHECK_FALSE(book.next_deadline(0ms));
 }
 
+TEST_CASE(
+    "task book: a result out of order ends only its task, and the oldest stays the one timed") {
+  TaskBook book(1, 3, 0);
+  book.set_open(0, true);
+  for (std::size_t i = 0; i < 3; ++i) book.admit(task(i), t0);
+  auto a = book.next_hand_over(t0);
+  auto b = book.next_hand_over(t0);
+  auto c = book.next_hand_over(t0);
+  REQUIRE((a && b && c));
+  // The middle one first (a worker that answers out of order): the first is still the oldest.
+  CHECK(book.complete(0, b->task->id, b->attempt, true, t0 + 10ms) == b->task);
+  CHECK(book.overdue(t0 + 100ms, 100ms).at(0).second == a->task);
+  // The head next: the last could start from then, and is the only one left.
+  CHECK(book.complete(0, a->task->id, a->attempt, true, t0 + 30ms) == a->task);
+  CHECK(book.overdue(t0 + 129ms, 100ms).empty());
+  CHECK(book.overdue(t0 + 130ms, 100ms).at(0).second == c->task);
+  CHECK_FALSE(book.complete(0, b->task->id, b->attempt, true, t0 + 40ms));  // ended once
+  CHECK(book.complete(0, c->task->id, c->attempt, true, t0 + 50ms) == c->task);
+  CHECK(book.overdue(t0 + 1h, 100ms).empty());
+}
+
 TEST_CASE("task book: take_all ends every open task in admission order and empties the book") {
   TaskBook book(1, 4, 0);
   book.set_open(0, true);
