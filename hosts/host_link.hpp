@@ -1,10 +1,10 @@
 // HostLink: the messages between the head and one host, over a two-rank Gloo process group of
-// c10d's, and the TCPStore they meet through (docs/multi-host.md, "The link").
+// c10d's, met through the job's store (host_store.hpp; docs/multi-host.md, "The link").
 //
-// This file and its .cpp are ferry's one adapter to c10d: what differs between LibTorch 1.13 and
-// 2.x (the Gloo group's base class, TCPStoreOptions' fields, watchKey, the error types) stays
-// inside them. Each pair of hosts has its own group, under its own store prefix, so losing one
-// host breaks only its link; there is never a collective across hosts.
+// This file, host_store.hpp and their .cpps are ferry's one adapter to c10d: what differs between
+// LibTorch 1.13 and 2.x (the Gloo group's base class here, TCPStoreOptions' fields there, watchKey,
+// the error types) stays inside them. Each pair of hosts has its own group, under its own store
+// prefix, so losing one host breaks only its link; there is never a collective across hosts.
 //
 // The rules a user of a link relies on:
 // - a message is a frame (host_frame.hpp) and the payload tensors it describes, sent and received
@@ -43,36 +43,10 @@
 #include <vector>
 
 #include "hosts/host_frame.hpp"
+#include "hosts/host_store.hpp"
 #include "ipc/error.hpp"
 
 namespace ferry::hosts {
-
-struct Endpoint {
-  std::string address;
-  std::uint16_t port = 0;
-};
-// "ADDRESS:PORT" (an IPv4 address or a name; PORT 0 only where `allow_any_port`): Error(
-// invalid_argument) naming the text and the form expected.
-Endpoint parse_endpoint(const std::string& text, bool allow_any_port);
-
-// This machine's address on the route to `peer` (what the peer reaches it at), found the way a
-// UDP socket would send there; Error(system) naming the peer when there is no route.
-std::string address_towards(const std::string& peer);
-
-// The head's store: a TCPStore server listening on `address`:`port` (port 0: any free one, see
-// store_port), and on no other address where store_listens_only_where_asked(). Error(system)
-// naming the address when it cannot listen.
-c10::intrusive_ptr<c10d::Store> listen_store(const std::string& address, std::uint16_t port,
-                                             std::chrono::milliseconds timeout);
-// Whether this build's c10d lets the store listen on one address (2.x's masterListenFd): with
-// LibTorch 1.13 its server listens on every address of the machine, whatever address is given.
-bool store_listens_only_where_asked() noexcept;
-// A host's connection to the head's store; Error(timeout) naming the address when it cannot
-// reach it within `timeout`.
-c10::intrusive_ptr<c10d::Store> connect_store(const std::string& address, std::uint16_t port,
-                                              std::chrono::milliseconds timeout);
-// The port a store from listen_store listens on.
-std::uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store);
 
 struct LinkOptions {
   // This side's address as the peer reaches it: Gloo listens there for the pair's connection.
@@ -129,9 +103,6 @@ class HostLink {
 // what arrives there reaches this host's workers without a copy. Where /dev/shm has no room,
 // ordinary memory.
 at::Tensor receive_buffer(at::IntArrayRef sizes, at::ScalarType dtype);
-
-// The first line of what c10d, Gloo or LibTorch threw: a c10::Error appends its backtrace.
-std::string failure_text(const std::exception& e);
 
 // What a failure of the link means, from the text of what Gloo or c10d threw: Errc::timeout when
 // a wait ran out (a frozen peer, a cut network), Errc::peer_dead otherwise (a closed or reset
