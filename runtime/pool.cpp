@@ -67,13 +67,23 @@ PoolOptions checked(PoolOptions o) {
   return o;
 }
 
+// The records each of a worker's task queues has room for, shared tensors aside: a fixed depth
+// of tasks of the most tensors each, or QueueDepth's room where the pool chooses (its deeper
+// queues are of smaller tasks: the book keeps the records within this).
+std::size_t task_records_per_worker(const PoolOptions& o) {
+  const std::size_t depth = o.max_inflight_per_worker > 0
+                                ? static_cast<std::size_t>(o.max_inflight_per_worker)
+                                : supervisor::QueueDepth::kRoomDepth;
+  return depth * (protocol::kMaxTensorsPerTask + 1);
+}
+
 }  // namespace
 
 struct Pool::State {
   explicit State(PoolOptions o)
       : opt(std::move(o)),
         board(static_cast<int>(opt.devices.size()), opt.max_inflight_per_worker, opt.max_retries,
-              opt.max_tasks_per_worker),
+              opt.max_tasks_per_worker, task_records_per_worker(opt)),
         dispatcher(board),
         collector(board, dispatcher),
         fleet(board, dispatcher, collector, opt.devices) {}
@@ -213,11 +223,7 @@ Pool::Pool(PoolOptions options) : s_(std::make_shared<State>(checked(std::move(o
   spec.args = o.worker_args;
   spec.threads = o.threads_per_worker;
   spec.shared_allocations = o.shared_allocations;
-  const std::size_t depth = o.max_inflight_per_worker > 0
-                                ? static_cast<std::size_t>(o.max_inflight_per_worker)
-                                : supervisor::QueueDepth::kMaxDepth;
-  spec.queue_capacity = static_cast<std::uint32_t>(depth) *
-                        static_cast<std::uint32_t>(protocol::kMaxTensorsPerTask + 1);
+  spec.queue_capacity = static_cast<std::uint32_t>(task_records_per_worker(o));
   spec.start_timeout = o.start_timeout;
   spec.config = o.config;
   spec.require_tasks = o.require_tasks;

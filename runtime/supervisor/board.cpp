@@ -4,8 +4,9 @@
 
 namespace ferry::supervisor {
 
-Board::Board(int here_count, int per_worker, int max_retries, std::uint64_t tasks_per_life)
-    : book(here_count, per_worker, max_retries, tasks_per_life) {}
+Board::Board(int here_count, int per_worker, int max_retries, std::uint64_t tasks_per_life,
+             std::size_t records_per_worker)
+    : book(here_count, per_worker, max_retries, tasks_per_life, records_per_worker) {}
 
 bool Board::is_stopping() const {
   std::lock_guard<std::mutex> lock(mu);

@@ -30,8 +30,10 @@
 namespace ferry::supervisor {
 
 struct Board {
-  // `here` slots for this machine's workers (numbered 0..here-1, as in the book).
-  Board(int here, int per_worker, int max_retries, std::uint64_t tasks_per_life);
+  // `here` slots for this machine's workers (numbered 0..here-1, as in the book), each task queue
+  // with room for `records_per_worker` records of tasks (TaskBook).
+  Board(int here, int per_worker, int max_retries, std::uint64_t tasks_per_life,
+        std::size_t records_per_worker);
 
   mutable AdaptiveMutex mu;         // its sections are short: tried before a taker sleeps
   std::condition_variable changed;  // room for submitters, drain progress for close()

@@ -6,7 +6,8 @@
 
 namespace ferry::supervisor {
 
-TaskBook::TaskBook(int workers, int per_worker, int max_retries, std::uint64_t tasks_per_life)
+TaskBook::TaskBook(int workers, int per_worker, int max_retries, std::uint64_t tasks_per_life,
+                   std::size_t records_per_worker)
     : capacity_(0),
       max_retries_(static_cast<std::uint32_t>(max_retries)),
       tasks_per_life_(tasks_per_life),
@@ -14,8 +15,13 @@ TaskBook::TaskBook(int workers, int per_worker, int max_retries, std::uint64_t t
   for (Worker& w : workers_) {
     if (per_worker == 0) w.depth.emplace();
     w.limit = w.depth ? w.depth->depth() : static_cast<std::size_t>(per_worker);
+    w.record_room = records_per_worker;
     capacity_ += w.limit;
   }
+}
+
+std::size_t TaskBook::records_of(const Task& t) noexcept {
+  return 1 + t.inputs.size() + (t.prelude ? t.prelude->tensors.size() : 0);
 }
 
 TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
@@ -23,6 +29,7 @@ TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
   task->admitted = now;
   task->attempts = 0;
   task->worker = -1;
+  task->records = records_of(*task);
   open_.emplace(task->id, task);
   pending_.push_back(std::move(task));
   ++admitted_;
@@ -73,6 +80,10 @@ std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
     const Worker& x = workers_[w];
     if (!x.open || x.handed.size() >= x.limit || life_ended(x)) continue;
+    // A task alone always fits: the room is sized for the largest task a queue can carry.
+    if (x.record_room != 0 && !x.handed.empty() && x.records + task->records > x.record_room) {
+      continue;
+    }
     if (best < 0 || rank(w) < rank(best)) best = w;
   }
   if (best < 0) return std::nullopt;
@@ -82,6 +93,7 @@ std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
   Worker& w = workers_[best];
   if (w.handed.empty()) w.head_since = now;
   w.handed.push_back(h.task->id);
+  w.records += h.task->records;
   ++w.given;
   h.task->worker = best;
   h.attempt = ++h.task->attempts;
@@ -110,6 +122,7 @@ TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok
   } else {
     w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), id), w.handed.end());
   }
+  w.records -= std::min(w.records, it->second->records);
   if (was_head) {
     if (w.depth) {
       w.depth->record(now - w.head_since);
@@ -136,6 +149,7 @@ TaskPtr TaskBook::hand_over_failed(const HandOver& h) {
   }
   Worker& w = workers_.at(h.worker);
   w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), h.task->id), w.handed.end());
+  w.records -= std::min(w.records, h.task->records);
   if (w.given > 0) --w.given;  // it never reached the process
   ++failed_;
   return end(h.task->id);
@@ -160,6 +174,7 @@ std::vector<TaskPtr> TaskBook::worker_lost(int worker, const std::string& reason
     }
   }
   w.handed.clear();
+  w.records = 0;
   // Back to the front, in their old order, so a retry does not wait behind newer work.
   pending_.insert(pending_.begin(), retry.begin(), retry.end());
   retried_ += retry.size();
@@ -175,7 +190,10 @@ std::vector<TaskPtr> TaskBook::take_all() {
   failed_ += all.size();
   open_.clear();
   pending_.clear();
-  for (Worker& w : workers_) w.handed.clear();
+  for (Worker& w : workers_) {
+    w.handed.clear();
+    w.records = 0;
+  }
   return all;
 }
 

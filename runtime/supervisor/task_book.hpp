@@ -5,6 +5,10 @@
 //   admission   at most capacity() tasks are open (admitted, not ended): submit() waits on full();
 //   depth       a worker holds at most its limit: fixed, or chosen from its task times
 //               (queue_depth.hpp), and capacity() is the sum of the limits;
+//   room        with records_per_worker, a worker's handed tasks take at most that many records
+//               of its task queue (a task: its envelope, inputs and prelude), so a hand-over never
+//               finds the queue full: a deep queue of small tasks fits where a few of the largest
+//               fill it, and the sender (a collector among them) never waits on a worker;
 //   order       pending tasks go out oldest first; a task lost with its worker goes back to the
 //               front, to another worker when there is one;
 //   retries     a task lost on 1 + max_retries hand-overs fails with the last loss as its reason;
@@ -58,6 +62,9 @@ struct Task {
   std::string lost_because;    // the last loss, in words
   // Kept by the pool: how its inputs travelled was counted (at the first send that went through).
   bool inputs_tallied = false;
+  // Records its hand-over takes in a task queue at most: the envelope, the inputs, the prelude
+  // (attached at a worker's first task of it, counted every time). Set by admit().
+  std::size_t records = 0;
 };
 using TaskPtr = std::shared_ptr<Task>;
 
@@ -76,7 +83,13 @@ class TaskBook {
  public:
   // `per_worker` tasks at most in each worker, or 0: as many as QueueDepth chooses for it.
   // `tasks_per_life` hand-overs at most to each process of a worker here, or 0: no end.
-  TaskBook(int workers, int per_worker, int max_retries, std::uint64_t tasks_per_life = 0);
+  // `records_per_worker`: the records of a worker's handed tasks at most (its task queue's room),
+  // or 0: no bound. Workers added later (hosts) have none.
+  TaskBook(int workers, int per_worker, int max_retries, std::uint64_t tasks_per_life = 0,
+           std::size_t records_per_worker = 0);
+
+  // The records a task's hand-over takes at most (Task::records).
+  static std::size_t records_of(const Task& t) noexcept;
 
   std::size_t capacity() const noexcept { return capacity_; }
   std::size_t open() const noexcept { return open_.size(); }
@@ -132,6 +145,7 @@ class TaskBook {
   std::optional<Clock::time_point> next_deadline(std::chrono::milliseconds limit) const;
 
   std::size_t load(int worker) const { return workers_.at(worker).handed.size(); }
+  std::size_t records(int worker) const { return workers_.at(worker).records; }
   std::size_t limit(int worker) const { return workers_.at(worker).limit; }
   const WorkerCounts& counts(int worker) const { return workers_.at(worker).counts; }
   std::uint64_t retried() const noexcept { return retried_; }
@@ -148,6 +162,8 @@ class TaskBook {
                                       // has no lives here (its own pool counts them)
     std::uint64_t given = 0;          // hand-overs to the current process (tasks_per_life_)
     std::deque<TaskId> handed;        // in hand-over order: it runs them in that order
+    std::size_t records = 0;          // of the tasks in `handed`
+    std::size_t record_room = 0;      // records at most; 0: no bound
     Clock::time_point head_since;     // when handed.front() could start
     WorkerCounts counts;
   };

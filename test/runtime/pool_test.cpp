@@ -23,6 +23,7 @@
 #include "ipc/process.hpp"
 #include "ipc/wire.hpp"
 #include "runtime/shared_tensor.hpp"
+#include "runtime/supervisor/queue_depth.hpp"
 #include "runtime/worker_protocol.hpp"
 #include "test_pools.hpp"
 #include "workers/builtin_tasks.hpp"
@@ -445,6 +446,47 @@ TEST_CASE("submit blocks while the pool is full, then times out") {
   CHECK(c.get()[0][0].item<std::int64_t>() == 3);
   CHECK(a.get()[0][0].item<std::int64_t>() == 1);
   CHECK(b.get()[0][0].item<std::int64_t>() == 2);
+}
+
+TEST_CASE("short tasks deepen a worker's queue past its room's 16, and tasks of 64 tensors fit") {
+  Pool pool(cpu_pool(1));  // the pool chooses the depth
+  {
+    auto stream = pool.imap_unordered("echo", std::vector<Tensors>(3000));
+    std::size_t n = 0;
+    while (auto r = stream.next(60s)) n += r->error ? 0 : 1;
+    CHECK(n == 3000);
+  }
+  // Empty tasks take microseconds: the queue holds far more of them than of the largest.
+  const std::size_t limit = pool.stats().workers.at(0).limit;
+  REQUIRE(limit > supervisor::QueueDepth::kRoomDepth);
+  auto big = [](std::int64_t i) {
+    Tensors t;
+    for (std::int64_t k = 0; k < static_cast<std::int64_t>(protocol::kMaxTensorsPerTask); ++k) {
+      t.push_back(at::full({2}, i * 1000 + k, at::kLong));
+    }
+    return t;
+  };
+  // Tasks of the most tensors each take 65 records with the envelope: the queue has room for 15
+  // beside a slow task. The book hands the worker no more than that, whatever its depth, so the
+  // rest wait in the book and submit() returns at once; sent regardless, they would wait in
+  // submit() for the slow task to end (or, sent by a collector, stop the results behind them).
+  auto slow = pool.submit("sleep_echo", delayed(1'500'000, 7));
+  const std::size_t n = std::min<std::size_t>(limit - 1, 40);
+  std::vector<std::future<Tensors>> futures;
+  const auto t0 = Clock::now();
+  for (std::size_t i = 0; i < n; ++i) futures.push_back(pool.submit("echo", big(i)));
+  CHECK(Clock::now() - t0 < 1s);
+  CHECK(slow.get()[0][0].item<std::int64_t>() == 7);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Tensors out = futures[i].get();
+    REQUIRE(out.size() == protocol::kMaxTensorsPerTask);
+    CHECK(out.front()[1].item<std::int64_t>() == static_cast<std::int64_t>(i) * 1000);
+    CHECK(out.back()[0].item<std::int64_t>() ==
+          static_cast<std::int64_t>(i) * 1000 + static_cast<std::int64_t>(out.size()) - 1);
+  }
+  const PoolStats s = pool.stats();
+  CHECK(s.workers.at(0).tasks_lost == 0);
+  CHECK(s.workers.at(0).restarts == 0);
 }
 
 TEST_CASE("close drains by default and cancels on request, no worker outlives it") {

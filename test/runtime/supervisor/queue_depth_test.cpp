@@ -21,12 +21,13 @@ TEST_CASE("queue depth: a worker with no result yet holds the fixed default's 3"
   CHECK_FALSE(QueueDepth{}.typical());
 }
 
-TEST_CASE("queue depth: tasks of up to about 600 microseconds fill the deepest queue, 16") {
-  CHECK(QueueDepth::kMaxDepth == 16);
-  CHECK(after(0us, 1).depth() == 16);  // a clock too coarse to see it
-  CHECK(after(1us, 1).depth() == 16);
-  CHECK(after(600us, 1).depth() == 16);
-  CHECK(after(800us, 1).depth() == 13);
+TEST_CASE("queue depth: tasks of up to about 156 microseconds fill the deepest queue, 64") {
+  CHECK(QueueDepth::kMaxDepth == 64);
+  CHECK(after(0us, 1).depth() == 64);  // a clock too coarse to see it
+  CHECK(after(1us, 1).depth() == 64);
+  CHECK(after(156us, 1).depth() == 64);
+  CHECK(after(200us, 1).depth() == 50);
+  CHECK(after(600us, 1).depth() == 17);
 }
 
 TEST_CASE("queue depth: the queue holds about 10 ms of work") {
@@ -57,7 +58,7 @@ TEST_CASE("queue depth: after long tasks, short ones deepen the queue within a f
     ++tasks;
   }
   CHECK(q.depth() == QueueDepth::kMaxDepth);
-  CHECK(tasks < 25);  // (3/4)^n of 100 ms under the 625 us that asks for 16
+  CHECK(tasks < 30);  // (3/4)^n of 100 ms under the 156 us that asks for 64
 }
 
 TEST_CASE("queue depth: a negative time (clocks of two threads) counts as none") {

@@ -274,6 +274,79 @@ TEST_CASE("task book: a fixed per-worker limit stays whatever the tasks take") {
   CHECK(book.capacity() == 2);
 }
 
+TaskPtr task_of(std::size_t index, std::size_t inputs, std::size_t prelude = 0) {
+  TaskPtr t = task(index);
+  t->inputs = Tensors(inputs);
+  if (prelude > 0) {
+    auto p = std::make_shared<Prelude>();
+    p->id = 1;
+    p->tensors = Tensors(prelude);
+    t->prelude = p;
+  }
+  return t;
+}
+
+TEST_CASE("task book: a worker's handed tasks fit its task queue, however deep its limit") {
+  TaskBook book(2, 10, 2, 0, 100);  // 10 tasks, 100 records each
+  book.set_open(0, true);
+  // A task takes its envelope, its inputs and its prelude: 1 + 30 + 10.
+  TaskPtr big = task_of(0, 30, 10);
+  book.admit(big, t0);
+  CHECK(big->records == 41);
+  CHECK(TaskBook::records_of(*task_of(1, 0)) == 1);
+  for (std::size_t i = 1; i < 3; ++i) book.admit(task_of(i, 40), t0);
+  auto a = book.next_hand_over(t0);
+  auto b = book.next_hand_over(t0);
+  REQUIRE((a && b));
+  CHECK(book.records(0) == 82);
+  // The third (41 records) would pass the room though the limit allows 10: it waits.
+  CHECK_FALSE(book.next_hand_over(t0));
+  CHECK(book.load(0) == 2);
+  book.complete(0, a->task->id, a->attempt, true, t0 + 1ms);
+  CHECK(book.records(0) == 41);
+  auto c = book.next_hand_over(t0 + 1ms);
+  REQUIRE(c);
+  CHECK(book.records(0) == 82);
+  // Small tasks fill what is left, up to 18 records here, then the limit of 10 tasks binds.
+  for (std::size_t i = 3; i < 20; ++i) book.admit(task_of(i, 0), t0);
+  std::size_t small = 0;
+  while (book.next_hand_over(t0 + 1ms)) ++small;
+  CHECK(small == 8);
+  CHECK(book.load(0) == 10);
+  CHECK(book.records(0) == 90);
+  // A loss frees the room with the tasks; the retries go out again within it.
+  CHECK(book.worker_lost(0, "killed").empty());
+  CHECK(book.records(0) == 0);
+  book.set_open(1, true);
+  CHECK(book.next_hand_over(t0 + 2ms)->worker == 1);  // the retry avoids worker 0
+}
+
+TEST_CASE("task book: a task larger than the room still goes to a worker that holds nothing") {
+  TaskBook book(1, 4, 0, 0, 10);
+  book.set_open(0, true);
+  book.admit(task_of(0, 20), t0);
+  book.admit(task_of(1, 0), t0);
+  auto a = book.next_hand_over(t0);
+  REQUIRE(a);
+  CHECK(book.records(0) == 21);
+  CHECK_FALSE(book.next_hand_over(t0));  // nothing beside it
+  REQUIRE(book.complete(0, a->task->id, a->attempt, true, t0 + 1ms));
+  CHECK(book.records(0) == 0);
+  CHECK(book.next_hand_over(t0 + 1ms));
+}
+
+TEST_CASE("task book: without a room, or for a host, only the task limit binds") {
+  TaskBook book(1, 3, 0);
+  book.set_open(0, true);
+  const int host = book.add_worker(3);
+  book.set_open(host, true);
+  for (std::size_t i = 0; i < 6; ++i) book.admit(task_of(i, 64), t0);
+  int handed = 0;
+  while (book.next_hand_over(t0)) ++handed;
+  CHECK(handed == 6);
+  CHECK(book.records(0) == 3 * 65);
+}
+
 TEST_CASE(
     "task book: a process is handed its tasks per life, and is spent once they are answered") {
   TaskBook book(2, 4, 0, 3);  // 3 tasks per life
