@@ -1,17 +1,16 @@
 // The result collector: ends tasks with what came back from their slots.
 //
-// Runs on a collector thread per worker process here (on_results, from WorkerProcess's result
-// queue) and on the remote side's threads (finished). Results are matched to the book under the
-// board's lock, a batch of them under one hold; one for an attempt that is no longer current is
-// stale and dropped (its task was cancelled, or timed out and retried). The tasks' ends run
-// outside the lock, then the dispatcher fills the room they left, once. Nothing here throws: a
-// message it cannot read is reported back, for the worker to be killed.
+// Runs on a collector thread per worker process here (on_result, from WorkerProcess's result
+// queue) and on the remote side's threads (finished). A result is matched to the book under the
+// board's lock; one for an attempt that is no longer current is stale and dropped (its task was
+// cancelled, or timed out and retried). The task's end runs outside the lock, then the
+// dispatcher fills the room it left. Nothing here throws: a message it cannot read is reported
+// back, for the worker to be killed.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "runtime/supervisor/board.hpp"
 #include "runtime/supervisor/dispatcher.hpp"
@@ -22,10 +21,11 @@ class ResultCollector {
  public:
   ResultCollector(Board& board, Dispatcher& dispatcher) : board_(board), dispatcher_(dispatcher) {}
 
-  // Result messages from worker `w` here, in the order it sent them: each an envelope, then the
-  // outputs or the error's text and detail. Also folds the worker's transfer tallies into its
-  // stats. Returns why the worker must be killed when one is malformed (the others still count).
-  std::optional<std::string> on_results(int w, std::vector<Tensors> batch);
+  // A result message from worker `w` here: envelope, then the outputs or the error's text and
+  // detail. Also
+  // folds the worker's transfer tallies into its stats. Returns why the worker must be killed,
+  // when the message is malformed.
+  std::optional<std::string> on_result(int w, Tensors message);
 
   // A result from remote slot `slot`: its outputs, or (ok false) the task's error in words, with
   // its detail as the one uint8 tensor of `outputs` when there is one.
@@ -33,8 +33,8 @@ class ResultCollector {
                 const std::string& error);
 
  private:
-  // Ends `t`, which slot `w` on `device` (pid: its process, -1 elsewhere) finished; the caller
-  // dispatches after.
+  // Ends `t`, which slot `w` on `device` (pid: its process, -1 elsewhere) finished, then
+  // dispatches.
   void settle(supervisor::Task& t, int w, bool ok, Tensors outputs, const std::string& error,
               const std::string& device, pid_t pid, const std::string& detail);
 

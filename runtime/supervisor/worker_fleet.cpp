@@ -64,8 +64,8 @@ void WorkerFleet::finish_start(int w) {
   }
   auto failure = p.finish_start(
       opt_.spec, names,
-      [this, w](std::vector<Tensors> batch) {
-        if (auto why = collector_.on_results(w, std::move(batch))) board_.request_kill(w, *why);
+      [this, w](Tensors m) {
+        if (auto why = collector_.on_result(w, std::move(m))) board_.request_kill(w, *why);
       },
       [this, w](const Error& e) {
         // A result lost because its worker died goes with the death: the task is retried.

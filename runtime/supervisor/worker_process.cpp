@@ -11,7 +11,6 @@
 #include "ipc/log.hpp"
 #include "ipc/names.hpp"
 #include "ipc/process.hpp"
-#include "runtime/supervisor/result_batch.hpp"
 
 namespace ferry::supervisor {
 namespace {
@@ -149,8 +148,7 @@ void WorkerProcess::send_shared(const NamedTensors& shared) {
 }
 
 std::optional<StartFailure> WorkerProcess::finish_start(
-    const LaunchSpec& spec, std::vector<std::string>& tasks,
-    std::function<void(std::vector<Tensors>)> on_results,
+    const LaunchSpec& spec, std::vector<std::string>& tasks, std::function<void(Tensors)> on_result,
     std::function<void(const Error&)> on_unreadable) {
   const std::string name = who(id_, device_);
   protocol::Welcome welcome;
@@ -196,16 +194,13 @@ std::optional<StartFailure> WorkerProcess::finish_start(
   phase_ = Phase::Ready;
   history_ = {};
   TensorQueue results = *results_;
-  collector_ = std::thread([results, on_results = std::move(on_results),
+  collector_ = std::thread([results, on_result = std::move(on_result),
                             on_unreadable = std::move(on_unreadable)]() mutable {
-    // Every failure ends here, after the results that came before it: a collector that threw
-    // would take the supervisor with it.
+    // Every exception ends here: a collector that threw would take the supervisor with it.
     for (;;) {
-      ResultBatch batch = take_results(results, kResultsPerWake);
-      if (!batch.messages.empty()) on_results(std::move(batch.messages));
-      if (!batch.failed) continue;
       try {
-        std::rethrow_exception(batch.failed);
+        Tensors message = results.recv(kForever);  // ends on close() or the worker's exit
+        on_result(std::move(message));
       } catch (const Error& e) {
         if (e.code() == Errc::closed) return;
         if (e.code() == Errc::peer_dead && results.size() == 0) return;

@@ -16,7 +16,6 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <cstddef>
 #include <functional>
 #include <map>
 #include <optional>
@@ -56,8 +55,6 @@ struct LaunchSpec {
 class WorkerProcess {
  public:
   enum class Phase { Down, Starting, Ready, Failed, Stopped };
-  // The most results the collector takes for one pass over the board (finish_start).
-  static constexpr std::size_t kResultsPerWake = 64;
 
   WorkerProcess(int id, std::string device);
   ~WorkerProcess();  // kills and reaps a process still there; joins the collector
@@ -81,11 +78,10 @@ class WorkerProcess {
   // Starting -> Ready, once control_fd() is readable: reads and checks the answer. `tasks` is the
   // pool's task list, set from the first worker that answers; every other must match it. On
   // failure the process is killed and reaped, and the failure returned. On success the collector
-  // thread starts and runs `on_results` for the messages on the result queue until reap(): every
-  // one queued when it wakes, up to kResultsPerWake, in their order (`on_unreadable` for one it
-  // could not read; neither may throw).
+  // thread starts and runs `on_result` for every message on the result queue until reap()
+  // (`on_unreadable` for one it could not read; neither may throw).
   std::optional<StartFailure> finish_start(const LaunchSpec& spec, std::vector<std::string>& tasks,
-                                           std::function<void(std::vector<Tensors>)> on_results,
+                                           std::function<void(Tensors)> on_result,
                                            std::function<void(const Error&)> on_unreadable);
 
   // Starting, its process ended or its deadline passed: kills, reaps, and says what happened.
