@@ -126,24 +126,24 @@ struct Pool::State {
       // A Kill cuts short a Drain that another thread is waiting on (a Python join() that
       // Ctrl-C left behind): that close() then kills, and this one finds the pool closed.
       std::lock_guard<std::mutex> lock(board.mu);
-      board.kill_on_stop = true;
+      board.life.ask_kill();
       board.changed.notify_all();
     }
     std::lock_guard<std::mutex> once(close_mu);
     std::vector<TaskPtr> cancelled;
     {
       std::unique_lock<std::mutex> lock(board.mu);
-      if (board.closed) return;
-      board.closing = true;
+      if (board.life.closed()) return;
+      board.life.begin_close();
       board.changed.notify_all();
       if (how == Shutdown::Drain) {
         board.changed.wait_for(lock, opt.drain_timeout,
-                               [&] { return board.book.empty() || board.kill_on_stop; });
-        if (board.kill_on_stop) how = Shutdown::Kill;
+                               [&] { return board.book.empty() || board.life.kill_asked(); });
       }
+      // A kill asked meanwhile (by another thread's close) wins over this close's manner.
+      if (board.life.kill_asked()) how = Shutdown::Kill;
       cancelled = board.book.take_all();
-      board.stopping = true;
-      board.kill_on_stop = how == Shutdown::Kill;
+      board.life.begin_stop(how == Shutdown::Kill);
     }
     const std::string why =
         how == Shutdown::Drain  ? "the pool closed and its drain_timeout passed first"
@@ -159,7 +159,7 @@ struct Pool::State {
     board.monitor.rouse();
     if (monitor_thread.joinable()) monitor_thread.join();
     std::lock_guard<std::mutex> lock(board.mu);
-    board.closed = true;
+    board.life.end();
   }
 };
 

@@ -10,7 +10,7 @@ Board::Board(int here_count, int per_worker, int max_retries, std::uint64_t task
 
 bool Board::is_stopping() const {
   std::lock_guard<std::mutex> lock(mu);
-  return stopping;
+  return life.stopping();
 }
 
 void Board::request_kill(int w, const std::string& why) {

@@ -5,7 +5,7 @@
 // side's threads); runtime/pool.cpp wires them together.
 //
 // The rules every room keeps:
-// - the task book, the slots' published state and the flags below change only under `mu`, and
+// - the task book, the slots' published state and the pool's life change only under `mu`, and
 //   a change others wait for (room, drain progress) notifies `changed`;
 // - a task's end (its `done`) runs outside the lock: take the tasks out under it, end them after;
 // - only the monitor thread starts, kills and reaps processes; another thread that wants a kill
@@ -23,6 +23,7 @@
 #include "ipc/adaptive_mutex.hpp"
 #include "runtime/supervisor/local_slot.hpp"
 #include "runtime/supervisor/monitor.hpp"
+#include "runtime/supervisor/pool_life.hpp"
 #include "runtime/supervisor/pool_stats.hpp"
 #include "runtime/supervisor/slot.hpp"
 #include "runtime/supervisor/task_book.hpp"
@@ -44,14 +45,10 @@ struct Board {
   std::vector<LocalSlot*> here;  // slots[0..here.size()) as what they are
   std::vector<std::string> task_names;
   std::uint64_t next_submission = 0;
-  bool started = false;       // every worker handshook once: the constructor returned
-  bool closing = false;       // submissions refused
-  bool stopping = false;      // the monitor stops the workers and returns
-  bool kill_on_stop = false;  // ...by SIGKILL at once, not a stop token and a grace period
-  bool closed = false;        // close() finished
-  std::string fatal;          // no worker can run: why
-  PoolStats totals;           // input tallies
-  Monitor monitor;            // the monitor thread waits on it; rouse() wakes it
+  PoolLife life;      // starting, running, closing, stopping, closed (pool_life.hpp)
+  std::string fatal;  // no worker can run: why
+  PoolStats totals;   // input tallies
+  Monitor monitor;    // the monitor thread waits on it; rouse() wakes it
 
   bool is_stopping() const;
 

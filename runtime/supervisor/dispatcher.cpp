@@ -31,7 +31,7 @@ void Dispatcher::submit(const TaskPtr& task, std::optional<std::size_t> index,
                       "); register it with FERRY_TASK in the worker");
     }
     task->task_index = static_cast<std::uint32_t>(it - b.task_names.begin());
-    auto admissible = [&] { return b.closing || !b.fatal.empty() || !b.book.full(); };
+    auto admissible = [&] { return b.life.closing() || !b.fatal.empty() || !b.book.full(); };
     if (timeout.count() < 0) {
       b.changed.wait(lock, admissible);
     } else if (!b.changed.wait_for(lock, timeout, admissible)) {
@@ -39,7 +39,8 @@ void Dispatcher::submit(const TaskPtr& task, std::optional<std::size_t> index,
                                      " tasks in flight) for " + std::to_string(timeout.count()) +
                                      " ms");
     }
-    if (b.closing) throw Error(Errc::closed, "the pool is closed; task '" + name + "' not run");
+    if (b.life.closing())
+      throw Error(Errc::closed, "the pool is closed; task '" + name + "' not run");
     if (!b.fatal.empty()) throw Error(Errc::worker_lost, b.fatal);
     task->index = index ? *index : b.next_submission++;
     b.book.admit(task, Clock::now());

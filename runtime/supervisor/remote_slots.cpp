@@ -26,7 +26,7 @@ Delivery RemoteSlot::send(const HandOver& h, std::unique_lock<std::mutex>& lock)
 int RemoteSlots::joined(const std::string& name, const std::vector<std::string>& devices,
                         std::size_t room) {
   std::lock_guard<std::mutex> lock(board_.mu);
-  if (board_.closing) return -1;
+  if (board_.life.closing()) return -1;
   const int w = board_.book.add_worker(room);
   WorkerStats ws;
   ws.id = w;
@@ -41,7 +41,7 @@ int RemoteSlots::joined(const std::string& name, const std::vector<std::string>&
 void RemoteSlots::ready(int slot) {
   {
     std::lock_guard<std::mutex> lock(board_.mu);
-    if (board_.closing) return;
+    if (board_.life.closing()) return;
     board_.book.set_open(slot, true);
     board_.changed.notify_all();  // the capacity grew: submitters may go on
   }
@@ -65,7 +65,7 @@ void RemoteSlots::lost(int slot, const std::string& why) {
     board_.book.retire(slot);
     ws.last_exit = why;
     ws.given_up = true;
-    if (!board_.stopping) {
+    if (!board_.life.stopping()) {
       log().warn("pool: {} was lost ({}); its tasks go to the others", device, why);
     }
     board_.changed.notify_all();

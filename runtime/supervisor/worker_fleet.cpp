@@ -104,14 +104,14 @@ void WorkerFleet::start_failed(int w, const StartFailure& f) {
     if (!d.give_up) {
       // Before the pool has started, a retry is held: should the slot be given up, the error
       // the constructor throws says it, and the retries' lines would say it again.
-      if (board_.started) {
+      if (board_.life.started()) {
         log().warn("{}; {}", f.message, d.why);
       } else {
         held_retries_.push_back(f.message + "; " + d.why);
       }
       return;
     }
-    if (!board_.started) {
+    if (!board_.life.started()) {
       // The pool does not start with a slot it cannot fill: the user's setup is wrong. The
       // constructor throws this; a log line would only say it a second time.
       log().debug("{}; giving up on worker {}: {}", f.message, w, d.why);
@@ -153,7 +153,7 @@ void WorkerFleet::exited(int w) {
     if (retired) {
       log().debug("worker {} ({}, pid {}) ran its tasks per life and was replaced", w, p.device(),
                   pid);
-    } else if (!board_.stopping) {
+    } else if (!board_.life.stopping()) {
       log().warn("worker {} ({}, pid {}) {}", w, p.device(), pid, how);
     }
     lost = board_.book.worker_lost(w, "worker " + std::to_string(w) + " (" + p.device() + ", pid " +
@@ -275,7 +275,7 @@ void WorkerFleet::stop_workers() {
   bool kill_now = false;
   {
     std::lock_guard<std::mutex> lock(board_.mu);
-    kill_now = board_.kill_on_stop;
+    kill_now = board_.life.kill_asked();
   }
   if (kill_now) {
     for (auto& p : workers_) {
@@ -335,7 +335,7 @@ void WorkerFleet::run(std::promise<void> started) {
     }
     {
       std::lock_guard<std::mutex> lock(board_.mu);
-      board_.started = true;
+      board_.life.started_running();
     }
     told = true;
     started.set_value();
