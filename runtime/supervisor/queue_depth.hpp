@@ -3,7 +3,7 @@
 // A worker that runs out of tasks sleeps until the next arrives, and a submitter that finds no
 // result waiting sleeps too: for short tasks those kernel wake-ups cost more than the task itself
 // (a map of empty Python tasks on two cores: 75 us per task at a depth of 3, 29-59 at 16 to
-// 64; empty C++ tasks through one worker, 4.42 us at 16 and 2.88 at 64). A deep queue keeps both
+// 64; empty C++ tasks through one worker, 4.54 us at 16 and 2.85 at 64). A deep queue keeps both
 // sides busy. A shallow one keeps long tasks spread over the workers: a worker
 // runs its queue in order, so a task queued behind a long one waits while another worker may idle.
 //
