@@ -59,7 +59,8 @@ struct PoolOptions {
   int workers = 0;  // CPU workers when `devices` is empty; 0: one per core
   Start start = Start::Auto;
   // Tasks handed to one worker at most; submit() blocks when every worker has its fill. 0: the
-  // pool chooses for each worker, 3 to 64, deeper the shorter its tasks (queue_depth.hpp).
+  // pool chooses for each worker, 3 to 64, deeper the shorter its tasks and the fewer bytes they
+  // move (queue_depth.hpp).
   int max_inflight_per_worker = 0;
   int max_retries = 2;  // times a task lost with its worker is tried again
   // Tasks one worker process runs before it is replaced by a fresh one (multiprocessing's

@@ -340,9 +340,10 @@ class Pool:
     worker is restarted and its tasks tried again up to `retries` times; a task's exception is
     raised in the caller as itself, with the worker's traceback as its __cause__ (ferry.TaskError
     only where it cannot be pickled). A worker holds at most `maxtasks_inflight` tasks; None lets
-    the pool choose for each worker, 3 to 64, deeper the shorter its tasks. With
-    `maxtasksperchild`, a worker process that has run that many tasks (a map's chunk is one) is
-    replaced by a fresh one, whose initializer runs again, once their results are in.
+    the pool choose for each worker, 3 to 64, deeper the shorter its tasks and the fewer bytes
+    they move. With `maxtasksperchild`, a worker process that has run that many tasks (a map's
+    chunk is one) is replaced by a fresh one, whose initializer runs again, once their results
+    are in.
 
     The functions of the script being run share one namespace in each worker, as under
     multiprocessing: what the initializer sets in a global, the tasks see. Queues (ferry's and

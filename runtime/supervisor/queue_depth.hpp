@@ -17,12 +17,21 @@
 // longer keep it there: only short tasks queue deeper, and what waits behind a task that turns
 // out long is at most about kCover of work. One slow task raises `typical` at once (weight 1/4
 // of a long time), so a worker whose tasks turn long takes few at its next result.
+// A second bound, on data: the queue holds about kDataCover of tensors (a task's inputs and its
+// result, a moving average of weight 1/4 like the time's),
+//   depth <= max(1, kDataCover / typical bytes),
+// and the lower of the two rules wins, within [kMinDepth, kMaxDepth]. Tasks of megabytes are
+// memory-bound: a queue 64 deep of 1 MiB squares holds 128 MiB a worker, and each input has left
+// the caches by the time the worker reads it (ferry run --task square on two cores: 13.1k tasks/s
+// at 64 deep, 16.0k at 16; 4 MiB results, 3.9k at 16 deep and 4.4k at 4; docs/benchmarks.md).
+// It also keeps the shared memory a pool holds in flight to tens of megabytes a worker.
 // The depth counts tasks; the room of a worker's queues (kRoomDepth tasks of the most tensors)
 // bounds their records, which the task book keeps to (task_book.hpp, "room").
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 
 #include "ipc/clock.hpp"
@@ -37,16 +46,20 @@ class QueueDepth {
   // are of smaller tasks, in the same room (task_book.hpp, "room").
   static constexpr std::size_t kRoomDepth = 16;
   static constexpr Clock::duration kCover = std::chrono::milliseconds(10);
+  static constexpr std::uint64_t kDataCover = std::uint64_t{32} << 20;
 
   // The tasks a worker with this history may hold.
   std::size_t depth() const noexcept;
-  // One task ended on the worker, `took` after it could start.
-  void record(Clock::duration took) noexcept;
+  // One task ended on the worker, `took` after it could start, having moved `bytes` of tensors
+  // (its inputs and its result).
+  void record(Clock::duration took, std::uint64_t bytes = 0) noexcept;
 
   std::optional<Clock::duration> typical() const noexcept { return typical_; }
+  std::uint64_t typical_bytes() const noexcept { return typical_bytes_; }
 
  private:
   std::optional<Clock::duration> typical_;
+  std::uint64_t typical_bytes_ = 0;
 };
 
 }  // namespace ferry::supervisor

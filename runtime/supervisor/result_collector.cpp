@@ -16,6 +16,11 @@ std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
   } catch (const Error& e) {
     return "it sent a malformed result (" + e.detail() + ")";
   }
+  // What the result moved, for the depth of the worker's queue (queue_depth.hpp).
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 1; i < message.size(); ++i) {
+    if (message[i].defined()) bytes += message[i].nbytes();
+  }
   TaskPtr t;
   pid_t pid = -1;
   std::string device;
@@ -23,7 +28,7 @@ std::optional<std::string> ResultCollector::on_result(int w, Tensors message) {
     std::lock_guard<std::mutex> lock(board_.mu);
     WorkerStats& ws = board_.slots[w]->stats;  // even a stale result was sent
     add_transfer_counts(ws, env);
-    t = board_.book.complete(w, env.task_id, env.attempt, env.ok, Clock::now());
+    t = board_.book.complete(w, env.task_id, env.attempt, env.ok, Clock::now(), bytes);
     pid = ws.pid;
     device = ws.device;
     if (t) board_.changed.notify_all();

@@ -30,6 +30,10 @@ TaskId TaskBook::admit(TaskPtr task, Clock::time_point now) {
   task->attempts = 0;
   task->worker = -1;
   task->records = records_of(*task);
+  task->input_bytes = 0;
+  for (const at::Tensor& t : task->inputs) {
+    if (t.defined()) task->input_bytes += t.nbytes();
+  }
   open_.emplace(task->id, task);
   pending_.push_back(std::move(task));
   ++admitted_;
@@ -110,7 +114,7 @@ TaskPtr TaskBook::end(TaskId id) {
 }
 
 TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok,
-                           Clock::time_point now) {
+                           Clock::time_point now, std::uint64_t result_bytes) {
   const auto it = open_.find(id);
   if (it == open_.end() || it->second->worker != worker || it->second->attempts != attempt) {
     return nullptr;  // ended already (cancelled, or lost and retried elsewhere)
@@ -125,7 +129,7 @@ TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok
   w.records -= std::min(w.records, it->second->records);
   if (was_head) {
     if (w.depth) {
-      w.depth->record(now - w.head_since);
+      w.depth->record(now - w.head_since, it->second->input_bytes + result_bytes);
       const std::size_t limit = w.depth->depth();
       capacity_ = capacity_ - w.limit + limit;
       w.limit = limit;

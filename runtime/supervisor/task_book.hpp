@@ -65,6 +65,8 @@ struct Task {
   // Records its hand-over takes in a task queue at most: the envelope, the inputs, the prelude
   // (attached at a worker's first task of it, counted every time). Set by admit().
   std::size_t records = 0;
+  // Bytes of its inputs' tensors (the prelude left out: a worker keeps it). Set by admit().
+  std::uint64_t input_bytes = 0;
 };
 using TaskPtr = std::shared_ptr<Task>;
 
@@ -122,9 +124,11 @@ class TaskBook {
   // avoiding the worker it was last lost on when another has room. nullopt: nothing to do now.
   std::optional<HandOver> next_hand_over(Clock::time_point now);
 
-  // A result (ok or the task's own failure) for `attempt` of `id` from `worker`: the task, now
-  // ended, or null when that attempt is no longer current (the result is stale).
-  TaskPtr complete(int worker, TaskId id, std::uint32_t attempt, bool ok, Clock::time_point now);
+  // A result (ok or the task's own failure) for `attempt` of `id` from `worker`, of
+  // `result_bytes` of tensors: the task, now ended, or null when that attempt is no longer
+  // current (the result is stale).
+  TaskPtr complete(int worker, TaskId id, std::uint32_t attempt, bool ok, Clock::time_point now,
+                   std::uint64_t result_bytes = 0);
 
   // The hand-over could not be sent (its inputs cannot travel): the task ends, returned, unless
   // it is no longer that attempt (then null).

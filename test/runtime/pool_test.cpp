@@ -489,6 +489,23 @@ TEST_CASE("short tasks deepen a worker's queue past its room's 16, and tasks of 
   CHECK(s.workers.at(0).restarts == 0);
 }
 
+TEST_CASE("tasks of megabytes keep a worker's queue shallow, whatever their speed") {
+  Pool pool(cpu_pool(1));  // the pool chooses the depth
+  // Echo of 4 MiB: a short task that moves 8 MiB, its input and its result.
+  std::vector<Tensors> inputs;
+  for (std::int64_t i = 0; i < 60; ++i) inputs.push_back({at::full({1 << 20}, i, at::kFloat)});
+  auto stream = pool.imap_unordered("echo", inputs);
+  std::size_t n = 0;
+  while (auto r = stream.next(60s)) {
+    REQUIRE_FALSE(r->error);
+    CHECK(r->outputs.at(0)[12345].item<float>() == static_cast<float>(r->index));
+    ++n;
+  }
+  CHECK(n == 60);
+  // 32 MiB (QueueDepth::kDataCover) of 8 MiB tasks: 4; time alone would allow at least 10.
+  CHECK(pool.stats().workers.at(0).limit <= 4);
+}
+
 TEST_CASE("close drains by default and cancels on request, no worker outlives it") {
   std::vector<pid_t> pids;
   std::vector<std::future<Tensors>> drained;

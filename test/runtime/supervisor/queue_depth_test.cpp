@@ -61,6 +61,41 @@ TEST_CASE("queue depth: after long tasks, short ones deepen the queue within a f
   CHECK(tasks < 30);  // (3/4)^n of 100 ms under the 156 us that asks for 64
 }
 
+TEST_CASE("queue depth: tasks of megabytes hold about 32 MiB of data a worker") {
+  constexpr std::uint64_t MiB = 1 << 20;
+  QueueDepth q;
+  q.record(100us, 2 * MiB);  // a 1 MiB input and its 1 MiB result
+  CHECK(q.depth() == 16);    // time alone would allow 64
+  q = {};
+  q.record(400us, 8 * MiB);
+  CHECK(q.depth() == 4);  // time alone: 25
+  q = {};
+  q.record(10us, 64 * MiB);
+  CHECK(q.depth() == QueueDepth::kMinDepth);  // never below the default's depth
+  q = {};
+  q.record(2ms, 2 * MiB);
+  CHECK(q.depth() == 5);  // the time binds first
+  q = {};
+  q.record(10us, 64 * 1024);
+  CHECK(q.depth() == QueueDepth::kMaxDepth);  // small tensors: the data rule does not bind
+}
+
+TEST_CASE("queue depth: the data a task moves is averaged as its time is") {
+  constexpr std::uint64_t MiB = 1 << 20;
+  QueueDepth q = after(10us, 20);
+  REQUIRE(q.depth() == QueueDepth::kMaxDepth);
+  q.record(10us, 16 * MiB);  // a quarter of 16 MiB: 4 MiB a task from now on
+  CHECK(q.typical_bytes() == 4 * MiB);
+  CHECK(q.depth() == 8);
+  int tasks = 0;
+  while (q.depth() < QueueDepth::kMaxDepth && tasks < 1000) {
+    q.record(10us, 0);
+    ++tasks;
+  }
+  CHECK(q.depth() == QueueDepth::kMaxDepth);
+  CHECK(tasks < 30);  // (3/4)^n of 4 MiB under the half MiB that allows 64
+}
+
 TEST_CASE("queue depth: a negative time (clocks of two threads) counts as none") {
   QueueDepth q;
   q.record(-5us);

@@ -261,6 +261,25 @@ TEST_CASE("task book: where the pool chooses, short tasks deepen a worker's queu
   CHECK(book.capacity() == book.limit(0) + book.limit(1));
 }
 
+TEST_CASE("task book: short tasks of megabytes, inputs and results counted, queue shallower") {
+  TaskBook book(1, 0, 0);
+  book.set_open(0, true);
+  Clock::time_point now = t0;
+  // Each task takes 10 us with a 1 MiB input and returns 3 MiB: 4 MiB a task.
+  for (std::size_t i = 0; i < 40; ++i) {
+    TaskPtr t = task(i);
+    t->inputs = {at::empty({1 << 18}, at::kFloat)};
+    book.admit(t, now);
+    auto h = book.next_hand_over(now);
+    REQUIRE(h);
+    CHECK(h->task->input_bytes == std::uint64_t{1} << 20);
+    now += 10us;
+    REQUIRE(book.complete(0, h->task->id, h->attempt, true, now, std::uint64_t{3} << 20));
+  }
+  CHECK(book.limit(0) == QueueDepth::kDataCover / (std::uint64_t{4} << 20));
+  CHECK(book.capacity() == book.limit(0));
+}
+
 TEST_CASE("task book: a fixed per-worker limit stays whatever the tasks take") {
   TaskBook book(1, 2, 0);
   book.set_open(0, true);
