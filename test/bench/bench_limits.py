@@ -271,54 +271,46 @@ def builtin_alone(kind, arg, block_seconds):
                            + (p.stderr.strip().splitlines() or ["no output"])[-1])
     return float(p.stdout)
 
-# `square` on an input that another core has just written, as every task's input is when a pool
-# hands it over: the task is memory-bound, and its time alone, on a warm input, is no ceiling for
-# it. A forked producer writes the input (one [64, F] tensor in shared memory), then the consumer
-# squares it into an output of its own, taking turns at a pipe, each pinned to its own core where
-# there are two; prints the median block's CPU seconds per square of the consumer. One buffer
-# each way is the least any hand-off between two processes moves, so this bounds any of them.
-_SQUARE_CROSS_CORE = r"""
-import os, statistics, sys, time, torch
+# `square` over the inputs `ferry run` sends it: 64 MiB of distinct synthetic batches, made once
+# and sent in turn (tools/ferry_run.cpp, Batches), so each is read from memory, not from a cache.
+# The task is memory-bound there, and its time alone on one warm input is no ceiling for it. Its
+# output is one buffer, kept warm: where a result goes is the transport's business. The given
+# number of processes run at once, as the workers do, since they share the memory's bandwidth;
+# each prints the median block's CPU seconds per call.
+_SQUARE_OVER_INPUTS = r"""
+import statistics, sys, time, torch
 torch.set_num_threads(1)
 features, seconds = int(sys.argv[1]), float(sys.argv[2])
-x = torch.empty(64, features).share_memory_()
+distinct = max(1, min(64, (64 << 20) // (64 * features * 4)))
+inputs = [torch.randn(64, features) for _ in range(distinct)]
 out = torch.empty(64, features)
-go_r, go_w = os.pipe()
-done_r, done_w = os.pipe()
-cpus = sorted(os.sched_getaffinity(0))
-pid = os.fork()
-if pid == 0:
-    if len(cpus) > 1:
-        os.sched_setaffinity(0, {cpus[1]})
-    while os.read(go_r, 1) == b"w":
-        x.normal_()
-        os.write(done_w, b".")
-    os._exit(0)
-if len(cpus) > 1:
-    os.sched_setaffinity(0, {cpus[0]})
-def one():
-    os.write(go_w, b"w")
-    os.read(done_r, 1)
+def block(calls):
     t = time.process_time()
-    torch.mul(x, x, out=out)
-    return time.process_time() - t
+    for k in range(calls):
+        x = inputs[k % distinct]
+        torch.mul(x, x, out=out)
+    return (time.process_time() - t) / calls
 with torch.no_grad():
-    first = sum(one() for _ in range(20)) / 20
-    calls = max(10, int(seconds / max(first, 1e-7)))
-    blocks = [sum(one() for _ in range(calls)) / calls for _ in range(5)]
-os.write(go_w, b"q")
-os.waitpid(pid, 0)
-print(statistics.median(blocks))
+    first = block(distinct)
+    calls = max(distinct, int(seconds / max(first, 1e-7)))
+    print(statistics.median(block(calls) for _ in range(5)))
 """
 
 
-def square_cross_core(features, block_seconds):
-    """CPU seconds per `square` of a [64, features] input just written by another core (above).
-    Raises RuntimeError with the child's last line where it fails."""
-    p = subprocess.run([sys.executable, "-c", _SQUARE_CROSS_CORE, str(features),
-                        str(block_seconds)], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if p.returncode != 0:
-        raise RuntimeError("square on a fresh input did not run: "
-                           + (p.stderr.strip().splitlines() or ["no output"])[-1])
-    return float(p.stdout)
+def square_over_inputs(features, processes, block_seconds):
+    """CPU seconds per `square` of a [64, features] batch over ferry run's synthetic inputs, in
+    `processes` processes at once (above): their median. Raises RuntimeError with a child's last
+    line where one fails."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    kids = [subprocess.Popen([sys.executable, "-c", _SQUARE_OVER_INPUTS, str(features),
+                              str(block_seconds)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(max(1, processes))]
+    got = []
+    for k in kids:
+        out, err = k.communicate(timeout=600)
+        if k.returncode != 0:
+            raise RuntimeError("square over the run's inputs did not run: "
+                               + (err.strip().splitlines() or ["no output"])[-1])
+        got.append(float(out))
+    return statistics.median(got)

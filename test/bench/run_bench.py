@@ -16,9 +16,10 @@ Rows, each run R times per setting, alternating:
 
 Every row's limit is its compute ceiling: the task alone, in one process with one intra-op thread,
 timed in this run right before the row (`alone_us`), times min(workers, cores). The square rows are
-memory-bound, and a task's input there was just written by another core (the supervisor's), so
-their ceiling is the slower of that and the square of an input another core has just written
-(`fresh_input_us`, bench_limits.square_cross_core), times min(workers, cores). A row's share is
+memory-bound: ferry run sends 64 MiB of distinct synthetic batches in turn, so each input comes
+from memory, not a cache. Their ceiling is the slower of that and the square over such inputs,
+in min(workers, cores) processes at once, as the workers share the memory's bandwidth
+(`over_inputs_us`, bench_limits.square_over_inputs), times min(workers, cores). A row's share is
 its figure (with shared allocations on, for the built-in tasks) over that ceiling. Beside it, the
 CPU that ferry run spent per task, its workers included (`cpu_per_task_us`: a run less a short
 run of the same job, so without the start), against the task alone: what the hand-off costs. Each figure is the median of the runs' tasks/s.
@@ -84,11 +85,11 @@ def alone_seconds(kind, arg, block_seconds):
         raise SystemExit(f"timing the task alone failed: {e}")
 
 
-def fresh_input_seconds(features, block_seconds):
+def over_inputs_seconds(features, processes, block_seconds):
     try:
-        return bench_limits.square_cross_core(features, block_seconds)
+        return bench_limits.square_over_inputs(features, processes, block_seconds)
     except RuntimeError as e:
-        raise SystemExit(f"timing the task on a fresh input failed: {e}")
+        raise SystemExit(f"timing the task over the run's inputs failed: {e}")
 
 
 def children_cpu():
@@ -115,10 +116,9 @@ def cpu_per_task(full, short):
     return (full["cpu_s"] - short["cpu_s"]) / max(1, full["tasks"] - short["tasks"])
 
 
-def ceiling_limit(name, workers, cores, alone_s, figure):
+def ceiling_limit(name, workers, cores, alone_s, figure, how="alone, one thread"):
     ceiling = min(workers, cores) / alone_s
-    return {"name": f"compute ceiling: {name} alone, one thread, x min({workers} workers, "
-                    f"{cores} cores)",
+    return {"name": f"compute ceiling: {name} {how}, x min({workers} workers, {cores} cores)",
             "unit": "tasks/s", "value": ceiling, "share": figure / ceiling,
             "source": "measured in this run"}
 
@@ -131,12 +131,13 @@ def builtin_rows(a, repeats, cores):
     for name, args, large, (kind, arg), batches in ROWS:
         batches = 200 if a.quick else batches
         got = {"off": [], "on": []}
-        cpu, alone, fresh, share = [], [], [], 0.0
+        cpu, alone, over, share = [], [], [], 0.0
         short = run(a.ferry, args, "on", 20)
         for _ in range(repeats):
             alone.append(alone_seconds(kind, arg, 0.05 if a.quick else 0.4))
             if kind == "square":
-                fresh.append(fresh_input_seconds(arg, 0.05 if a.quick else 0.4))
+                over.append(over_inputs_seconds(arg, min(workers, cores),
+                                                 0.05 if a.quick else 0.4))
             for setting in ("off", "on"):
                 d = run(a.ferry, args, setting, batches)
                 got[setting].append(d["tasks_per_second"])
@@ -147,11 +148,12 @@ def builtin_rows(a, repeats, cores):
                     share = r["bytes_zero_copy"] / total if total else 0.0
         off, on = statistics.median(got["off"]), statistics.median(got["on"])
         alone_s = statistics.median(alone)
-        bound_s, what = alone_s, f"the {kind} task"
-        fresh_s = statistics.median(fresh) if fresh else None
-        if fresh_s is not None and fresh_s > alone_s:
-            bound_s, what = fresh_s, f"the {kind} task, on an input another core just wrote,"
-        limit = ceiling_limit(what, workers, cores, bound_s, on)
+        bound_s, what, how = alone_s, f"the {kind} task", "alone, one thread"
+        over_s = statistics.median(over) if over else None
+        if over_s is not None and over_s > alone_s:
+            bound_s, what = over_s, f"the {kind} task over the run's 64 MiB of inputs,"
+            how = f"in {min(workers, cores)} processes at once, one thread each"
+        limit = ceiling_limit(what, workers, cores, bound_s, on, how)
         if large and share < 1.0:
             failed = True
         print(f"{name:<26}{off:>13.0f}{on:>12.0f}{on / off:>7.2f}x{limit['value']:>10.0f}"
@@ -159,7 +161,7 @@ def builtin_rows(a, repeats, cores):
               f"{statistics.median(cpu) * 1e6:>13.1f}  {share * 100:.0f}%")
         rows.append({"row": name, "workers": workers, "off": got["off"], "on": got["on"],
                      "ratio": on / off, "zero_copy_share_on": share, "alone_us": alone_s * 1e6,
-                     "fresh_input_us": None if fresh_s is None else fresh_s * 1e6,
+                     "over_inputs_us": None if over_s is None else over_s * 1e6,
                      "cpu_per_task_us": statistics.median(cpu) * 1e6, "limit": limit})
     return rows, failed
 
