@@ -22,7 +22,12 @@ in min(workers, cores) processes at once, as the workers share the memory's band
 (`over_inputs_us`, bench_limits.square_over_inputs), times min(workers, cores). A row's share is
 its figure (with shared allocations on, for the built-in tasks) over that ceiling. Beside it, the
 CPU that ferry run spent per task, its workers included (`cpu_per_task_us`: a run less a short
-run of the same job, so without the start), against the task alone: what the hand-off costs. Each figure is the median of the runs' tasks/s.
+run of the same job, so without the start), against the task alone: what the hand-off costs.
+
+Each figure is the median of the runs' tasks/s, each run's net of that short run (`steady_rate`):
+a worker's first tasks (the TorchScript model's load and its profiling executor's first calls,
+about 80 ms for the CNN) are left out, as the peer's warm-up and the task alone's are. ferry
+run's own figure, over the whole run from the first hand-over, is kept beside it (`whole_run`).
 
 A row fails (exit 1) when a run fails or, with shared allocations on, a result larger than the
 line was copied. The CNN rows need torch in this Python; without it they are skipped, saying so.
@@ -110,6 +115,14 @@ def run(ferry, args, setting, batches=None):
     return d
 
 
+def steady_rate(full, short):
+    """Tasks/s of a run less a short one of the same job: what a worker's first tasks cost once
+    (loading a TorchScript model, its profiling executor's first calls, the arena's first
+    touches: about 80 ms for the CNN) is left out, as the peer's warm-up and the task alone's
+    are. ferry run's own figure, the whole run from the first hand-over, is kept beside it."""
+    return (full["tasks"] - short["tasks"]) / max(1e-9, full["seconds"] - short["seconds"])
+
+
 def cpu_per_task(full, short):
     """CPU per task, ferry's and its workers', from a run and a short one of the same job: the
     difference leaves out what every run costs once (loading LibTorch, starting the workers)."""
@@ -132,7 +145,8 @@ def builtin_rows(a, repeats, cores):
         batches = 200 if a.quick else batches
         got = {"off": [], "on": []}
         cpu, alone, over, share = [], [], [], 0.0
-        short = run(a.ferry, args, "on", 20)
+        short = {setting: run(a.ferry, args, setting, 20) for setting in ("off", "on")}
+        whole = []
         for _ in range(repeats):
             alone.append(alone_seconds(kind, arg, 0.05 if a.quick else 0.4))
             if kind == "square":
@@ -140,9 +154,10 @@ def builtin_rows(a, repeats, cores):
                                                  0.05 if a.quick else 0.4))
             for setting in ("off", "on"):
                 d = run(a.ferry, args, setting, batches)
-                got[setting].append(d["tasks_per_second"])
+                got[setting].append(steady_rate(d, short[setting]))
                 if setting == "on":
-                    cpu.append(cpu_per_task(d, short))
+                    whole.append(d["tasks_per_second"])
+                    cpu.append(cpu_per_task(d, short[setting]))
                     r = d["results"]
                     total = r["bytes_zero_copy"] + r["bytes_copied"]
                     share = r["bytes_zero_copy"] / total if total else 0.0
@@ -161,6 +176,7 @@ def builtin_rows(a, repeats, cores):
               f"{statistics.median(cpu) * 1e6:>13.1f}  {share * 100:.0f}%")
         rows.append({"row": name, "workers": workers, "off": got["off"], "on": got["on"],
                      "ratio": on / off, "zero_copy_share_on": share, "alone_us": alone_s * 1e6,
+                     "whole_run_on": whole,
                      "over_inputs_us": None if over_s is None else over_s * 1e6,
                      "cpu_per_task_us": statistics.median(cpu) * 1e6, "limit": limit})
     return rows, failed
@@ -220,13 +236,14 @@ def cnn_rows(a, repeats, tasks, cores):
         model, inputs = make_cnn(folder, tasks)
         short_inputs = make_cnn_inputs(folder, 50)
         for w in counts:
-            got, peer, alone, cpu = [], [], [], []
+            got, whole, peer, alone, cpu = [], [], [], [], []
             args = ["--model", model, "--workers", str(w)]
             short = run(a.ferry, args + ["--input", short_inputs], "on")
             for _ in range(repeats):
                 alone.append(alone_seconds("cnn", model, 0.05 if a.quick else 0.4))
                 d = run(a.ferry, args + ["--input", inputs], "on")
-                got.append(d["tasks_per_second"])
+                got.append(steady_rate(d, short))
+                whole.append(d["tasks_per_second"])
                 cpu.append(cpu_per_task(d, short))
                 peer.append(peer_rate(model, inputs, w))
             f, t, alone_s = statistics.median(got), statistics.median(peer), statistics.median(alone)
@@ -235,7 +252,8 @@ def cnn_rows(a, repeats, tasks, cores):
             print(f"{name:<26}{f:>14.0f}{t:>14.0f}{f / t:>7.2f}x{limit['value']:>10.0f}"
                   f"{limit['share'] * 100:>6.0f}%{alone_s * 1e6:>10.1f}"
                   f"{statistics.median(cpu) * 1e6:>13.1f}")
-            rows.append({"row": name, "workers": w, "ferry": got, "torch": peer, "ratio": f / t,
+            rows.append({"row": name, "workers": w, "ferry": got, "whole_run": whole,
+                         "torch": peer, "ratio": f / t,
                          "alone_us": alone_s * 1e6, "cpu_per_task_us": statistics.median(cpu) * 1e6,
                          "limit": limit})
     return rows, {"status": "ran", "tasks": tasks}
