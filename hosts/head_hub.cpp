@@ -69,15 +69,13 @@ HubStats HeadHub::stats() const {
 
 bool HeadHub::wait_for_hosts(std::size_t hosts, std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait_for(lock, timeout, [&] { return stopping_ || stats_.live >= hosts; });
+  changed_.wait_for(lock, timeout, [&] { return life_.stopping() || stats_.live >= hosts; });
   return stats_.live >= hosts;
 }
 
 void HeadHub::start(RemoteEvents& events) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (events_ != nullptr || stopped_) {
-    throw Error(Errc::invalid_argument, "a hosts' hub serves one pool, once");
-  }
+  life_.start();
   events_ = &events;
   admitter_ = std::thread([this] { admit_loop(); });
 }
@@ -86,7 +84,7 @@ void HeadHub::admit_loop() {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
+      if (life_.stopping()) return;
     }
     std::optional<Joined> j;
     try {
@@ -104,7 +102,7 @@ void HeadHub::admit_loop() {
     h->link = std::move(j->link);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) {
+      if (life_.stopping()) {
         try {
           h->link->send(FrameKind::bye, 0, "", {});
         } catch (const std::exception&) {
@@ -270,7 +268,7 @@ void HeadHub::lose(Host& h, const std::string& why) {
   bool stopping = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stopping = stopping_;
+    stopping = life_.stopping();
     if (!stopping) ++stats_.lost;  // let go at the end is not lost
     if (h.ready) --stats_.live;
     changed_.notify_all();
@@ -287,8 +285,7 @@ void HeadHub::stop() {
   std::vector<std::shared_ptr<Host>> hosts;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return;
-    stopped_ = stopping_ = true;
+    if (!life_.stop()) return;  // another stop() does the rest
     changed_.notify_all();
   }
   if (admitter_.joinable()) admitter_.join();

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "hosts/host_join.hpp"
+#include "hosts/hub_life.hpp"
 #include "runtime/remote_workers.hpp"
 
 namespace ferry::hosts {
@@ -90,8 +91,7 @@ class HeadHub : public RemoteWorkers {
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // a host joined or was lost; stopping
   std::vector<std::shared_ptr<Host>> hosts_;
-  bool stopping_ = false;
-  bool stopped_ = false;
+  HubLife life_;
   HubStats stats_;
 };
 

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "hosts/serve_life.hpp"
 #include "ipc/log.hpp"
 
 namespace ferry::hosts {
@@ -24,29 +25,29 @@ struct Reply {
 // What the sender thread sends, filled by the pool's threads. Shared with the pool's callbacks,
 // which may run after serve_head returned (then they are dropped).
 struct Outbox {
-  std::mutex mu;
+  // `starting`: the pool is still starting (its heartbeats say kStarting until say_ready()).
+  explicit Outbox(bool starting) : life(starting), announce(!starting) {}
+
+  std::mutex mu;  // guards the fields below
   std::condition_variable cv;
   std::deque<Reply> replies;
-  bool bye = false;       // say goodbye once what is queued is sent
-  bool closed = false;    // serve_head is returning: send nothing more
-  bool starting = false;  // the pool is starting: heartbeats say kStarting
-  bool announce = true;   // send a heartbeat now: the head takes the first plain one as "ready"
+  ServeLife life;
+  bool announce;  // send a heartbeat now: the head takes the first plain one as "ready"
 
   void push(Reply r) {
     std::lock_guard<std::mutex> lock(mu);
-    if (closed || bye) return;
+    if (!life.takes_results()) return;
     replies.push_back(std::move(r));
     cv.notify_all();
   }
   void say_bye() {
     std::lock_guard<std::mutex> lock(mu);
-    bye = true;
+    life.leave();
     cv.notify_all();
   }
   void say_ready() {
     std::lock_guard<std::mutex> lock(mu);
-    starting = false;
-    announce = true;
+    if (life.ready()) announce = true;
     cv.notify_all();
   }
 };
@@ -58,19 +59,19 @@ void send_loop(HostLink& link, Outbox& box, const ServeOptions& options,
   std::unique_lock<std::mutex> lock(box.mu);
   for (;;) {
     box.cv.wait_until(lock, last + options.heartbeat, [&] {
-      return box.closed || box.bye || box.announce || !box.replies.empty();
+      return box.life.closed() || box.life.leaving() || box.announce || !box.replies.empty();
     });
-    if (box.closed) return;
-    if (stop.load() && !box.bye) box.bye = true;  // noticed within one heartbeat
+    if (box.life.closed()) return;
+    if (stop.load()) box.life.leave();  // noticed within one heartbeat
     std::optional<Reply> r;
     if (!box.replies.empty()) {
       r = std::move(box.replies.front());
       box.replies.pop_front();
-    } else if (!box.bye && !box.announce && Clock::now() < last + options.heartbeat) {
+    } else if (!box.life.leaving() && !box.announce && Clock::now() < last + options.heartbeat) {
       continue;
     }
-    const bool bye = !r && box.bye;
-    const std::string beat = box.starting ? kStarting : "";
+    const bool bye = !r && box.life.leaving();
+    const std::string beat = box.life.starting() ? kStarting : "";
     if (!r) box.announce = false;
     lock.unlock();
     try {
@@ -171,11 +172,7 @@ void hand(Pool& pool, HeadPreludes& preludes, Message m, const std::shared_ptr<O
 
 ServeEnd serve(const std::function<Pool&()>* start, Gate& gate, HostLink& link,
                const ServeOptions& options, const std::atomic<bool>& stop) {
-  auto box = std::make_shared<Outbox>();
-  if (start) {
-    box->starting = true;
-    box->announce = false;
-  }
+  auto box = std::make_shared<Outbox>(start != nullptr);
   std::thread sender([&link, box, &options, &stop] { send_loop(link, *box, options, stop); });
   std::thread starter;
   if (start) {
@@ -210,7 +207,7 @@ ServeEnd serve(const std::function<Pool&()>* start, Gate& gate, HostLink& link,
       if (starter.joinable()) starter.join();  // a pool is not stopped half-started
       if (!graceful) {
         std::lock_guard<std::mutex> lock(box.mu);
-        box.closed = true;
+        box.life.close();
         box.cv.notify_all();
       }
       sender.join();
@@ -226,7 +223,7 @@ ServeEnd serve(const std::function<Pool&()>* start, Gate& gate, HostLink& link,
         bool we_left = false;
         {
           std::lock_guard<std::mutex> lock(box->mu);
-          we_left = box->bye;
+          we_left = box->life.leaving();
         }
         if (we_left) return ServeEnd::stopped;  // the head answered ours
         box->say_bye();                         // answer the head's

@@ -130,11 +130,11 @@ void bind_pool(py::module_& m) {
               throw Error(Errc::invalid_argument,
                           "maxtasks_inflight=" + std::to_string(v) +
                               ": give 1 to 1000 tasks per worker, or None to let the pool "
-                              "choose by how long tasks take");
+                              "choose by its tasks' time and size");
             }
             o.max_inflight_per_worker = v;
           },
-          "tasks one worker holds at most; 0: the pool chooses by how long they take")
+          "tasks one worker holds at most; 0: the pool chooses by their time and size")
       .def_property(
           "max_tasks_per_worker", [](const PoolOptions& o) { return o.max_tasks_per_worker; },
           [](PoolOptions& o, std::int64_t v) {

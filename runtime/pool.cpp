@@ -53,7 +53,7 @@ PoolOptions checked(PoolOptions o) {
   if (o.max_inflight_per_worker < 0 || o.max_inflight_per_worker > 1000) {
     throw Error(Errc::invalid_argument,
                 "max_inflight_per_worker = " + std::to_string(o.max_inflight_per_worker) +
-                    " is outside 0..1000 (0: the pool chooses by how long tasks take)");
+                    " is outside 0..1000 (0: the pool chooses by its tasks' time and size)");
   }
   if (o.max_retries < 0) {
     throw Error(Errc::invalid_argument,

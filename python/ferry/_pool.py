@@ -384,7 +384,7 @@ class Pool:
                                               not isinstance(maxtasks_inflight, int) or
                                               not 1 <= maxtasks_inflight <= 1000):
             raise ValueError(f"maxtasks_inflight={maxtasks_inflight!r}: give 1 to 1000 tasks per "
-                             "worker, or None to let the pool choose by how long tasks take")
+                             "worker, or None to let the pool choose by its tasks' time and size")
         self._state = INIT
         # What the initializer and the shared objects need, for the pool's life: every restarted
         # worker unpickles them again (multiprocessing keeps its initargs so too).
