@@ -19,7 +19,7 @@
 // of a long time), so a worker whose tasks turn long takes few at its next result.
 // A second bound, on data: the queue holds about kDataCover of tensors (a task's inputs and its
 // result, a moving average of weight 1/4 like the time's),
-//   depth <= max(1, kDataCover / typical bytes),
+//   depth <= kDataCover / typical bytes,
 // and the lower of the two rules wins, within [kMinDepth, kMaxDepth]. Tasks of megabytes are
 // memory-bound: a queue 64 deep of 1 MiB squares holds 128 MiB a worker, and each input has left
 // the caches by the time the worker reads it (ferry run --task square on two cores: 13.1k tasks/s
