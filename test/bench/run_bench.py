@@ -24,7 +24,8 @@ its figure (with shared allocations on, for the built-in tasks) over that ceilin
 CPU that ferry run spent per task, its workers included (`cpu_per_task_us`: a run less a short
 run of the same job, so without the start), against the task alone: what the hand-off costs.
 
-Each figure is the median of the runs' tasks/s, each run's net of that short run (`steady_rate`):
+Each figure is the median of the runs' tasks/s, each run's net of that short run (`steady_rate`;
+the whole run's where the short one took half its time or more, as a --quick run may):
 a worker's first tasks (the TorchScript model's load and its profiling executor's first calls,
 about 80 ms for the CNN) are left out, as the peer's warm-up and the task alone's are. ferry
 run's own figure, over the whole run from the first hand-over, is kept beside it (`whole_run`).
