@@ -271,6 +271,7 @@ def builtin_alone(kind, arg, block_seconds):
                            + (p.stderr.strip().splitlines() or ["no output"])[-1])
     return float(p.stdout)
 
+
 # `square` over the inputs `ferry run` sends it: 64 MiB of distinct synthetic batches, made once
 # and sent in turn (tools/ferry_run.cpp, Batches), so each is read from memory, not from a cache.
 # The task is memory-bound there, and its time alone on one warm input is no ceiling for it. Its
@@ -307,10 +308,16 @@ def square_over_inputs(features, processes, block_seconds):
                              stderr=subprocess.PIPE, text=True, env=env)
             for _ in range(max(1, processes))]
     got = []
-    for k in kids:
-        out, err = k.communicate(timeout=600)
-        if k.returncode != 0:
-            raise RuntimeError("square over the run's inputs did not run: "
-                               + (err.strip().splitlines() or ["no output"])[-1])
-        got.append(float(out))
+    try:
+        for k in kids:
+            out, err = k.communicate(timeout=600)
+            if k.returncode != 0:
+                raise RuntimeError("square over the run's inputs did not run: "
+                                   + (err.strip().splitlines() or ["no output"])[-1])
+            got.append(float(out))
+    finally:
+        for k in kids:  # one failed or timed out: the others are not left running
+            if k.poll() is None:
+                k.kill()
+                k.wait()
     return statistics.median(got)
