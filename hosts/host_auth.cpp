@@ -95,10 +95,12 @@ Secret Secret::from_env(const char* name) {
 
 Secret Secret::load(const std::string& path) {
   if (!path.empty()) return from_file(path);
+  const std::string file = env::text(kSecretFileEnv, "");
+  if (!file.empty()) return from_file(file);
   if (env::text(kSecretEnv, "").empty()) {
     throw Error(Errc::invalid_argument,
-                std::string("no shared secret: pass a secret file (--secret-file FILE) or set ") +
-                    kSecretEnv + "; " + kRemedy);
+                std::string("no shared secret: pass a secret file (--secret-file FILE, or ") +
+                    kSecretFileEnv + "=FILE) or set " + kSecretEnv + "; " + kRemedy);
   }
   return from_env(kSecretEnv);
 }

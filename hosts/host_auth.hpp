@@ -24,6 +24,7 @@ inline constexpr std::size_t kChallengeBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  // SHA-256
 inline constexpr std::size_t kMinSecretBytes = 16;
 inline constexpr const char* kSecretEnv = "FERRY_SECRET";
+inline constexpr const char* kSecretFileEnv = "FERRY_SECRET_FILE";
 
 using Challenge = std::array<std::uint8_t, kChallengeBytes>;
 using Proof = std::array<std::uint8_t, kProofBytes>;
@@ -40,8 +41,8 @@ class Secret {
   // From the environment variable `name` (read whole, never printed); Error(invalid_argument)
   // when unset, empty or too short.
   static Secret from_env(const char* name = kSecretEnv);
-  // From `path` when given, else from FERRY_SECRET; Error(invalid_argument) naming both when
-  // neither is there.
+  // From the file `path` when given, else the file FERRY_SECRET_FILE names, else FERRY_SECRET
+  // itself; Error(invalid_argument) naming all three when none is there.
   static Secret load(const std::string& path);
   // For tests and callers that hold the bytes already; the same length rule.
   static Secret from_bytes(std::string bytes, const std::string& origin);

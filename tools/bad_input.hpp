@@ -14,4 +14,10 @@ struct BadInput : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A job started by a cluster launcher that cannot form (its variables, its secret, its ranks),
+// reported as exit code 3, as a pool that cannot start: the launcher's command is no user's typo.
+struct LaunchFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace ferry::tools

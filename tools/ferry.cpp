@@ -39,7 +39,13 @@ int main(int argc, char** argv) {
   try {
     settle_run_args(a);
     if (host_cmd->parsed()) return host(a);
+    // Under torchrun, srun or env:// variables, rank 0 runs the job and the others serve it.
+    a.launch = launch_of(a);
+    if (a.launch && !a.launch->is_head()) return host(a);
     return run(a);
+  } catch (const LaunchFailure& e) {
+    std::fprintf(stderr, "ferry: %s\n", e.what());
+    return kBroken;
   } catch (const BadInput& e) {
     std::fprintf(stderr, "ferry: %s\n", e.what());
     return kBadInput;

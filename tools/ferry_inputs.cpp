@@ -99,7 +99,7 @@ void add_pool_options(CLI::App* cmd, RunArgs& a) {
 void add_link_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--secret-file", a.secret_file,
                   "the job's shared secret: a file of 16 bytes or more that only its owner can "
-                  "read (default: FERRY_SECRET)");
+                  "read (default: FERRY_SECRET_FILE, else the secret itself in FERRY_SECRET)");
   cmd->add_option("--join-timeout-ms", a.join_timeout_ms,
                   "how long joining, and --wait-hosts, may take")
       ->check(CLI::Range(100, 1 << 30));
@@ -150,7 +150,10 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a) {
   run_cmd->footer(
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
       "3 the pool could not start or broke (every worker given up), or --wait-hosts ran out,\n"
-      "130/143 stopped by SIGINT/SIGTERM.\n"
+      "or a launched job could not form, 130/143 stopped by SIGINT/SIGTERM.\n"
+      "Under torchrun, srun or env:// variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),\n"
+      "without --listen: rank 0 runs the job as its head and every other rank serves it as a\n"
+      "host; each needs the job's secret (docs/multi-host.md).\n"
       "Environment: FERRY_LOG=debug for detail, FERRY_WORKER for the worker executable,\n"
       "FERRY_SECRET for the hosts' secret; every variable is in docs/environment.md.");
 

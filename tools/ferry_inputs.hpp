@@ -6,9 +6,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "hosts/launch_env.hpp"
 #include "runtime/ferry.hpp"
 #include "tools/bad_input.hpp"        // BadInput, the exit codes
 #include "workers/builtin_tasks.hpp"  // kMlpFeatures
@@ -39,6 +41,9 @@ struct RunArgs {
   int join_timeout_ms = 30000;
   int heartbeat_ms = 500;
   int lost_after_ms = 5000;
+  // Set where a cluster launcher started `ferry run` (tools/ferry_hosts.hpp, launch_of): rank 0
+  // is the head, every other rank a host.
+  std::optional<ferry::hosts::Launch> launch;
 };
 
 // The `run` and `host` subcommands of `app`, their options read into `a`.
