@@ -29,117 +29,24 @@
 #include "../test_util.hpp"
 #include "hosts/head_hub.hpp"
 #include "runtime/pool.hpp"
+#include "test_net.hpp"
 
 namespace ferry::hosts {
 namespace {
 
 using namespace std::chrono_literals;
 using Catch::Contains;
+using test::private_shm_works;
+using test::SecretFile;
+using test::sh;
+using test::slurp;
+using test::TestNet;
 
 const std::string kFerry = FERRY_BIN;
 const std::string kTestWorker = FERRY_TEST_WORKER;
 constexpr auto kHeartbeat = 100ms;
 constexpr auto kLostAfter = 1500ms;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// A secret file of the job, mode 0600, removed at the end.
-struct SecretFile {
-  std::string path;
-  explicit SecretFile(const std::string& text) {
-    char tmpl[] = "/tmp/ferry-hosts-secret-XXXXXX";
-    const int fd = ::mkstemp(tmpl);
-    REQUIRE(fd >= 0);
-    REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-    ::close(fd);
-    path = tmpl;
-  }
-  ~SecretFile() { ::unlink(path.c_str()); }
-};
-
 const std::string kSecret = "the-job-secret-of-the-hosts-tests";
-
-// Runs a shell command quietly; true when it succeeded.
-bool sh(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// Whether hosts can have a /dev/shm of their own (root, mount namespaces allowed).
-bool private_shm_works() {
-  static const bool works =
-      sh("unshare -m --propagation private sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm'");
-  return works;
-}
-
-// The "network" of one test: a bridge in this namespace with the head's address, and a network
-// namespace per host with a veth pair onto the bridge. Names and the subnet come from this
-// process's id, so two test processes do not meet. Falls back to loopback addresses.
-class TestNet {
- public:
-  TestNet() : tag_(std::to_string(::getpid() % 100000) + "n" + std::to_string(made_nets_++ % 100)) {
-    const int x = static_cast<int>(::getpid() % 250) + 1;
-    subnet_ = "10.117." + std::to_string(x) + ".";
-    bridge_ = "fbr" + tag_;
-    namespaces_ = sh("ip netns add fns" + tag_ + "-probe") &&
-                  sh("ip netns del fns" + tag_ + "-probe") &&
-                  sh("ip link add " + bridge_ + " type bridge") &&
-                  sh("ip addr add " + subnet_ + "1/24 dev " + bridge_) &&
-                  sh("ip link set " + bridge_ + " up");
-    if (!namespaces_) {
-      sh("ip link del " + bridge_);
-      WARN(
-          "no network namespaces here (needs root and iproute2): hosts run on loopback "
-          "addresses of their own instead");
-    }
-  }
-  ~TestNet() {
-    // The veth pairs go at once (a namespace's own devices go when the kernel gets to it).
-    for (const auto& veth : veths_) sh("ip link del " + veth);
-    for (const auto& ns : made_) sh("ip netns del " + ns);
-    if (namespaces_) sh("ip link del " + bridge_);
-  }
-  bool namespaces() const { return namespaces_; }
-  std::string head_address() const { return namespaces_ ? subnet_ + "1" : "127.0.0.1"; }
-  // Host i's address and namespace (empty without namespaces), made on first use.
-  std::pair<std::string, std::string> host(int i) {
-    if (!namespaces_) return {"127.0.0." + std::to_string(1 + i), ""};
-    const std::string ns = "fns" + tag_ + "-" + std::to_string(i);
-    const std::string outside = "fv" + tag_ + "o" + std::to_string(i);
-    const std::string inside = "fv" + tag_ + "i" + std::to_string(i);
-    const std::string address = subnet_ + std::to_string(1 + i);
-    REQUIRE(sh("ip netns add " + ns));
-    made_.push_back(ns);
-    REQUIRE(sh("ip link add " + outside + " type veth peer name " + inside));
-    veths_.push_back(outside);
-    REQUIRE(sh("ip link set " + inside + " netns " + ns));
-    REQUIRE(sh("ip link set " + outside + " master " + bridge_));
-    REQUIRE(sh("ip link set " + outside + " up"));
-    REQUIRE(sh("ip -n " + ns + " addr add " + address + "/24 dev " + inside));
-    REQUIRE(sh("ip -n " + ns + " link set " + inside + " up"));
-    REQUIRE(sh("ip -n " + ns + " link set lo up"));
-    return {address, ns};
-  }
-  // Drops every packet between host i's namespace and the rest (an nftables rule inside it);
-  // false where nft is missing.
-  bool cut(int i) {
-    const std::string ns = "fns" + tag_ + "-" + std::to_string(i);
-    return sh("ip netns exec " + ns +
-              " nft 'add table inet ferrycut; "
-              "add chain inet ferrycut in { type filter hook input priority 0; policy drop; }; "
-              "add chain inet ferrycut out { type filter hook output priority 0; policy drop; }'");
-  }
-
- private:
-  static inline int made_nets_ = 0;
-  std::string tag_, subnet_, bridge_;
-  bool namespaces_ = false;
-  std::vector<std::string> made_, veths_;
-};
 
 // `ferry host` as its own process: dies with the test; SIGKILL on destruction if still running.
 class HostProcess {
