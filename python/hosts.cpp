@@ -11,6 +11,7 @@
 
 #include "hosts/head_hub.hpp"
 #include "hosts/host_serve.hpp"
+#include "hosts/launch_meeting.hpp"
 #include "ipc/error.hpp"
 #include "python/durations.hpp"
 #include "python/message.hpp"
@@ -142,6 +143,45 @@ void bind_hosts(py::module_& m) {
           "starts this host's workers as the head's setup says and serves the head until one "
           "side leaves: 'head_left' or 'stopped'");
 
+  py::class_<Launch>(m, "Launch", "what torchrun, srun or env:// variables told this process")
+      .def_property_readonly("launcher",
+                             [](const Launch& l) { return std::string(launcher_name(l.by)); })
+      .def_readonly("rank", &Launch::rank)
+      .def_readonly("world_size", &Launch::world_size)
+      .def_readonly("head", &Launch::head)
+      .def_readonly("port", &Launch::port)
+      .def_readonly("agent_store", &Launch::agent_store)
+      .def_readonly("restart", &Launch::restart)
+      .def_readonly("run_id", &Launch::run_id)
+      .def("__repr__", [](const Launch& l) { return "<ferry launch: " + l.describe() + ">"; })
+      .def("describe", &Launch::describe);
+  m.def(
+      "read_launch", [] { return read_launch(process_environment()); },
+      "this process's launch, or None where no launcher started it (or its world is one)");
+  m.def(
+      "launch_listen_address",
+      [](const Launch& l) {
+        return launch_head_address(l) + ":" + std::to_string(launch_listen_port(l));
+      },
+      py::arg("launch"), "rank 0's ADDRESS:PORT to listen on (port 0: any free one)");
+  m.def(
+      "announce_launch_head",
+      [](const Launch& l, const std::string& address, std::uint16_t port, double timeout) {
+        const auto t = ms(timeout, "join_timeout");
+        py::gil_scoped_release unlocked;
+        announce_launch_head(l, address, port, t);
+      },
+      py::arg("launch"), py::arg("address"), py::arg("port"), py::arg("timeout"),
+      "rank 0, listening: says where in torchrun's store, where there is one");
+  m.def(
+      "find_launch_head",
+      [](const Launch& l, double timeout) {
+        const auto t = ms(timeout, "join_timeout");
+        py::gil_scoped_release unlocked;
+        const Endpoint e = find_launch_head(l, t);
+        return e.address + ":" + std::to_string(e.port);
+      },
+      py::arg("launch"), py::arg("timeout"), "every other rank: the head's ADDRESS:PORT");
   m.def(
       "join_head",
       [](const std::string& join, const std::string& secret_file, std::string name,

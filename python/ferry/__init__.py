@@ -38,7 +38,7 @@ __version__ = _C.version
 from ._C import (Error, InvalidArgument, PeerDead, ShmExhausted, ShutDown, TaskError, Timeout,
                  WorkerLost)
 from ._context import get_context
-from ._host import serve_host
+from ._host import launch, serve_host, serve_launch
 from ._mp import (Array, AuthenticationError, Barrier, BoundedSemaphore, BufferTooShort,
                   Condition, Event, Lock, Manager, Pipe, Process, ProcessContext, ProcessError,
                   ProcessExitedException, ProcessRaisedException, RawArray, RawValue, RLock,
@@ -55,7 +55,7 @@ from ._worker import WorkerInfo, worker_info
 __all__ = [
     # ferry's own
     "Queue", "SimpleQueue", "JoinableQueue", "get_context", "Pool", "AsyncResult",
-    "IMapIterator", "serve_host", "empty", "zeros", "share_", "is_shared", "share_module",
+    "IMapIterator", "serve_host", "launch", "serve_launch", "empty", "zeros", "share_", "is_shared", "share_module",
     "shared_allocations", "set_shared_allocations", "shared_allocation_threshold",
     "share_optimizer", "shared", "stats", "check_shm", "worker_info", "WorkerInfo", "Error",
     "InvalidArgument", "PeerDead", "ShmExhausted", "ShutDown", "TaskError", "Timeout",

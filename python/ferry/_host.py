@@ -72,6 +72,36 @@ def serve_host(join, *, processes=None, devices=None, secret_file=None, name=Non
     return box["end"]
 
 
+def launch():
+    """What torchrun, srun or env:// variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) told
+    this process: a Launch (rank, world_size, head, port, launcher, restart), or None where no
+    launcher started it or its world is one process. ferry.InvalidArgument names a variable that
+    is missing or malformed."""
+    if not getattr(_C, "has_hosts", False):
+        return None
+    return _C.read_launch()
+
+
+def serve_launch(*, processes=None, devices=None, secret_file=None, name=None, join_timeout=30.0,
+                 **options):
+    """On every rank but 0 of a launched job: serves rank 0's ferry.Pool(launch=True) with this
+    machine's workers until its pool closes, then returns "head_left" (as serve_host; the other
+    options are serve_host's). The job's secret comes from `secret_file`, FERRY_SECRET_FILE or
+    FERRY_SECRET: a launched job never runs open."""
+    _require_hosts("serve_launch()")
+    here = _C.read_launch()
+    if here is None:
+        raise ValueError("serve_launch(): no launcher started this process (neither RANK and "
+                         "WORLD_SIZE nor srun's variables are set, or WORLD_SIZE is 1)")
+    if here.rank == 0:
+        raise ValueError(f"serve_launch() on {here.describe()}: rank 0 makes the pool, "
+                         "ferry.Pool(..., launch=True); every other rank serves it")
+    join = _C.find_launch_head(here, float(join_timeout))
+    return serve_host(join, processes=processes, devices=devices, secret_file=secret_file,
+                      name=name or f"{socket.gethostname()}/rank{here.rank}",
+                      join_timeout=join_timeout, **options)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python3 -m ferry host",

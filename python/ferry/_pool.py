@@ -60,6 +60,23 @@ def _hub(listen, secret_file, join_timeout, heartbeat, lost_after, initializer):
                   float(lost_after), _C.python_setup(initializer))
 
 
+def _launched_head(listen, wait_hosts):
+    """(listen, wait_hosts, launch) of rank 0 of a launched job: where the launcher points every
+    rank, and every other rank to wait for."""
+    _require_hosts("launch=True")
+    if listen is not None or wait_hosts:
+        raise ValueError("launch=True takes where to listen and how many hosts to wait for from "
+                         "the launcher: give it without listen= and wait_hosts=")
+    here = _C.read_launch()
+    if here is None:
+        raise ValueError("launch=True, but no launcher started this process: torchrun, srun, or "
+                         "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (WORLD_SIZE over 1)")
+    if here.rank != 0:
+        raise ValueError(f"ferry.Pool(launch=True) on {here.describe()}: rank 0 makes the pool; "
+                         "call ferry.serve_launch() on every other rank")
+    return _C.launch_listen_address(here), here.world_size - 1, here
+
+
 def _package_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -366,13 +383,17 @@ class Pool:
     until that many have joined (ferry.Timeout after `join_timeout` seconds). A host silent for
     `lost_after` seconds, or whose process dies, is dropped and its tasks run elsewhere. The
     initializer runs on every host's workers too; `shared` objects cannot cross machines.
+
+    `launch=True`, on rank 0 of a job that torchrun, srun or env:// variables started: listens
+    where the launcher points every rank and waits for all of them (`join_timeout`); every other
+    rank calls ferry.serve_launch(). The job's secret is required as for listen=.
     """
 
     def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None,
                  *, devices=None, retries=2, maxtasks_inflight=None, task_timeout=None,
                  start_timeout=60.0, threads_per_worker=0, shared=None, listen=None,
                  secret_file=None, wait_hosts=0, join_timeout=10.0, heartbeat=0.5,
-                 lost_after=5.0, shared_allocations=True):
+                 lost_after=5.0, shared_allocations=True, launch=False):
         if maxtasksperchild is not None and (isinstance(maxtasksperchild, bool) or
                                              not isinstance(maxtasksperchild, int) or
                                              maxtasksperchild <= 0):
@@ -395,6 +416,9 @@ class Pool:
                                        held=self._keep)
             config["python.initializer"] = base64.b64encode(payload).decode()
         self._hub = None
+        launched = None
+        if launch:
+            listen, wait_hosts, launched = _launched_head(listen, wait_hosts)
         if listen is not None:
             if shared is not None:
                 raise ValueError("shared objects live in this machine's shared memory, which "
@@ -423,11 +447,20 @@ class Pool:
                                  shared_allocations=bool(shared_allocations))
         self._c = _C.Pool(options, shared_bases, self._hub)
         self._state = RUN
+        if launched is not None:
+            try:
+                _C.announce_launch_head(launched, self._listen_address, self._hub.port(),
+                                        float(join_timeout))
+            except BaseException:
+                self.terminate()
+                raise
         if wait_hosts and not self._hub.wait_for_hosts(int(wait_hosts), float(join_timeout)):
             self.terminate()
+            how = (f"are the other ranks running ferry.serve_launch() ({launched.describe()})?"
+                   if launched is not None else
+                   f"start them with `python3 -m ferry host --join {self.address}`")
             raise Timeout(f"{self._hub.stats()['live']} of wait_hosts={wait_hosts} hosts joined "
-                          f"within join_timeout={join_timeout} s; start them with `python3 -m "
-                          f"ferry host --join {self.address}` and the job's secret")
+                          f"within join_timeout={join_timeout} s; {how} and the job's secret")
 
     # -- the calls ------------------------------------------------------------------------------
     def _check_running(self):

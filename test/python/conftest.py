@@ -5,6 +5,7 @@ ctest runs each file with PYTHONPATH=<build>/python; run by hand the same way:
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,18 @@ def wait_until(predicate, timeout=10.0, step=0.02):
             return True
         time.sleep(step)
     return predicate()
+
+
+def private_shm_prefix():
+    """The prefix that runs a command with its own /dev/shm, or [] where that cannot be made."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return []
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=64m tmpfs /dev/shm"], capture_output=True)
+    if probe.returncode != 0:
+        return []
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$0" "$@"']
 
 
 def kill(pid):

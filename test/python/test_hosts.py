@@ -7,7 +7,6 @@ what Python adds: the Python host, the head's setup reaching it, and the Pool's 
 """
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import torch
 
 import ferry
 from ferry import _C
-from conftest import wait_until
+from conftest import private_shm_prefix, wait_until
 
 pytestmark = pytest.mark.skipif(not getattr(_C, "has_hosts", False),
                                 reason="ferry was built without several hosts (c10d or Gloo's "
@@ -47,19 +46,7 @@ def doubled(t):
     return t * 2, os.environ.get("FERRY_TEST_HOST", "head")
 
 
-def _private_shm():
-    """The prefix that runs a command with its own /dev/shm, or [] where that cannot be made."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return []
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=64m tmpfs /dev/shm"], capture_output=True)
-    if probe.returncode != 0:
-        return []
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$0" "$@"']
-
-
-PRIVATE_SHM = _private_shm()
+PRIVATE_SHM = private_shm_prefix()
 
 
 class Host:
