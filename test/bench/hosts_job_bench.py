@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""A whole job over several hosts, as a user starts one: `ferry run --listen` and `ferry host`.
+"""A whole job over several hosts, as a cluster starts one: the same `ferry run` on every node, each
+told its rank by the env:// variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 Measures, on this machine (docs/multi-host.md, "Measured"):
   job      the built-in mlp inference job (the supervisor's main job) on the head alone, then
@@ -108,19 +109,33 @@ def free_port(address):
     return port
 
 
+def rank_env(net, port, secret, rank, world):
+    """What torchrun gives rank `rank` of `world` (with --nproc-per-node=1), and the job's secret."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=net.head(),
+               MASTER_PORT=str(port), FERRY_SECRET_FILE=secret, LOCAL_WORLD_SIZE="1")
+    return env
+
+
+def rank_cmd(args, batches):
+    """Every rank's command: the same on each node (a host ignores --batches and --json)."""
+    return [args.ferry, "run", "--workers", str(args.workers), "--task", "mlp",
+            "--batches", str(batches), "--batch-size", str(args.batch_size),
+            "--heartbeat-ms", str(args.heartbeat_ms), "--lost-after-ms", str(args.lost_after_ms),
+            "--json"]
+
+
 def start_hosts(args, net, port, secret, n):
+    """Ranks 1..n, each in its own namespace."""
     hosts = []
     for i in range(1, n + 1):
-        address, prefix = net.host(i)
-        cmd = prefix + [args.ferry, "host", "--join", "%s:%d" % (net.head(), port),
-                        "--workers", str(args.workers), "--secret-file", secret,
-                        "--address", address, "--name", "h%d" % i,
-                        "--heartbeat-ms", str(args.heartbeat_ms),
-                        "--lost-after-ms", str(args.lost_after_ms)]
+        _, prefix = net.host(i)
         path = os.path.join(tempfile.gettempdir(), "ferry-bench-%d-host-%d-of-%d.log"
                             % (os.getpid(), i, n))
         with open(path, "w") as log:
-            hosts.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            hosts.append(subprocess.Popen(prefix + rank_cmd(args, 1), stdout=log,
+                                          stderr=subprocess.STDOUT,
+                                          env=rank_env(net, port, secret, i, n + 1)))
         hosts[-1].log = path
     return hosts
 
@@ -149,18 +164,16 @@ def await_joined(hosts, limit=60):
             time.sleep(0.05)
 
 
-def head_cmd(args, net, port, secret, hosts, batches):
-    return [args.ferry, "run", "--workers", str(args.workers), "--task", "mlp",
-            "--batches", str(batches), "--batch-size", str(args.batch_size),
-            "--listen", "%s:%d" % (net.head(), port), "--secret-file", secret,
-            "--wait-hosts", str(hosts), "--heartbeat-ms", str(args.heartbeat_ms),
-            "--lost-after-ms", str(args.lost_after_ms), "--json"]
+def start_head(args, net, port, secret, hosts, batches):
+    """Rank 0, here: the head, which waits for every other rank before its first task."""
+    return subprocess.Popen(rank_cmd(args, batches), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=rank_env(net, port, secret, 0, hosts + 1))
 
 
 def job(args, net, secret, n):
     port = free_port(net.head())
-    head = subprocess.Popen(head_cmd(args, net, port, secret, n, args.batches),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = start_head(args, net, port, secret, n, args.batches)
     time.sleep(0.3)
     hosts = start_hosts(args, net, port, secret, n)
     out, err = head.communicate(timeout=600)
@@ -176,8 +189,7 @@ def job(args, net, secret, n):
 def lost(args, net, secret, sig):
     """Seconds from `sig` to one of two hosts until the head logs it lost; tasks all ended."""
     port = free_port(net.head())
-    head = subprocess.Popen(head_cmd(args, net, port, secret, 2, args.batches * 20),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = start_head(args, net, port, secret, 2, args.batches * 20)
     time.sleep(0.3)
     hosts = start_hosts(args, net, port, secret, 2)
     # Once both have joined and work a while (--json prints no progress), signal the first.
@@ -192,7 +204,7 @@ def lost(args, net, secret, sig):
         seen.append(line)
         if not line:
             break
-        if re.search(r"host h1 \(slot \d+\) lost", line):
+        if re.search(r"host \S*/rank1 \(slot \d+\) lost", line):
             noticed = time.monotonic() - t0
             break
     out, err = head.communicate(timeout=600)
