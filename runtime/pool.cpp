@@ -15,6 +15,7 @@
 
 #include "ipc/adaptive_mutex.hpp"
 #include "ipc/log.hpp"
+#include "runtime/option_table.hpp"
 #include "runtime/shared_tensor.hpp"
 #include "runtime/supervisor/board.hpp"
 #include "runtime/supervisor/dispatcher.hpp"
@@ -50,15 +51,12 @@ PoolOptions checked(PoolOptions o) {
                 "workers = " + std::to_string(o.workers) + " is negative; use 0 for one per core");
   }
   if (o.devices.empty()) o.devices.assign(o.workers == 0 ? cores : o.workers, "cpu");
-  if (o.max_inflight_per_worker < 0 || o.max_inflight_per_worker > 1000) {
-    throw Error(Errc::invalid_argument,
-                "max_inflight_per_worker = " + std::to_string(o.max_inflight_per_worker) +
-                    " is outside 0..1000 (0: the pool chooses by its tasks' time and size)");
-  }
-  if (o.max_retries < 0) {
-    throw Error(Errc::invalid_argument,
-                "max_retries = " + std::to_string(o.max_retries) + " is negative");
-  }
+  // The ranges of docs/options.md, as every caller's (runtime/option_table.hpp).
+  ferry::checked(option("maxtasks_inflight"), o.max_inflight_per_worker);
+  ferry::checked(option("retries"), o.max_retries);
+  ferry::checked(option("threads_per_worker"), o.threads_per_worker);
+  ferry::checked(option("start_timeout"), o.start_timeout.count());
+  ferry::checked(option("task_timeout"), o.task_timeout.count());
   supervisor::validate(o.restart);
   for (auto& d : o.devices) d = normalise_device(d);
   if (o.threads_per_worker <= 0) {

@@ -70,7 +70,7 @@ struct PoolOptions {
   // A task that runs longer kills its worker (handled like a crash). 0: no limit. Measured from
   // when the worker could start it (its earlier tasks done), not from submit().
   std::chrono::milliseconds task_timeout{0};
-  std::chrono::milliseconds start_timeout{30000};  // a worker's start-up and handshake
+  std::chrono::milliseconds start_timeout{60000};  // a worker's start-up and handshake
   // When a failed start is tried again and when its slot is given up, for the first start and
   // every restart alike (restart_policy.hpp; docs/supervisor.md, "Restarts").
   RestartPolicy restart;

@@ -15,6 +15,7 @@
 
 #include "ipc/cuda/visible_gpus.hpp"
 #include "ipc/log.hpp"
+#include "runtime/option_table.hpp"
 #include "tools/run_choice.hpp"
 #include "tools/task_inputs.hpp"
 #include "workers/task_registry.hpp"
@@ -54,60 +55,62 @@ std::vector<std::string> default_devices() {
   return d;
 }
 
+// Flag `key` of the option table (runtime/option_table.hpp), bound to `field`: its spelling,
+// help, default and range come from the table, as python3 -m ferry host's and docs/options.md's.
+template <class T>
+CLI::Option* table_flag(CLI::App* cmd, const char* key, T& field) {
+  const ferry::OptionSpec& o = ferry::option(key);
+  const std::string fallback = o.fallback;
+  CLI::Option* opt = cmd->add_option(
+      o.cli, field, fallback == "required" ? o.help : o.help + (" (default: " + fallback + ")"));
+  switch (o.kind) {
+    case ferry::OptionKind::count:
+    case ferry::OptionKind::seconds:
+      opt->check(CLI::Range(static_cast<std::int64_t>(o.least), static_cast<std::int64_t>(o.most)));
+      break;
+    case ferry::OptionKind::flag:
+      opt->transform(CLI::IsMember({"on", "off"}));
+      break;
+    case ferry::OptionKind::choice: {
+      std::vector<std::string> choices;
+      std::stringstream ss(o.choices);
+      for (std::string c; std::getline(ss, c, '|');) choices.push_back(c);
+      opt->check(CLI::IsMember(choices));
+      break;
+    }
+    case ferry::OptionKind::text:
+    case ferry::OptionKind::list:
+      break;
+  }
+  return opt;
+}
+
 // The options of this machine's pool, the same for `ferry run` and `ferry host`.
 void add_pool_options(CLI::App* cmd, RunArgs& a) {
-  cmd->add_option("--workers", a.workers, "CPU workers (default: one per core)")
-      ->check(CLI::Range(1, 1024));
-  cmd->add_option("--devices", a.devices,
-                  "one worker per entry, e.g. cpu,cpu,cuda:0 (overrides --workers)")
-      ->excludes("--workers");
-  cmd->add_option("--start", a.start,
-                  "how workers start: fork (only while CUDA is uninitialised here), spawn (runs "
-                  "the worker executable), auto (fork when safe)")
-      ->check(CLI::IsMember({"auto", "fork", "spawn"}));
-  cmd->add_option("--model", a.model, "TorchScript file for --task torchscript (implies it)");
-  cmd->add_option("--timeout-ms", a.timeout_ms,
-                  "kill a worker whose task runs longer (0: no limit)")
-      ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--retries", a.retries, "times a task lost with its worker is retried")
-      ->check(CLI::Range(0, 100));
-  cmd->add_option("--max-tasks-per-worker", a.max_tasks_per_worker,
-                  "tasks a worker process runs before a fresh one replaces it, as "
-                  "multiprocessing's maxtasksperchild (0: no end)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
-  cmd->add_option("--max-failed-starts", a.restart.max_failed_starts,
-                  "failed starts in a row, any cause, before a worker slot is given up")
-      ->check(CLI::Range(1, 1000));
-  cmd->add_option("--max-start-crashes", a.restart.max_start_crashes,
-                  "failed starts in a row by the worker's own fault before it is given up")
-      ->check(CLI::Range(1, 1000));
-  cmd->add_option("--restart-backoff-ms", a.backoff_ms,
-                  "wait before retrying a failed start; doubles with each failure in a row")
-      ->check(CLI::Range(0, 3600000));
-  cmd->add_option("--restart-backoff-max-ms", a.backoff_max_ms, "the longest such wait")
-      ->check(CLI::Range(0, 3600000));
-  cmd->add_option("--worker", a.worker,
-                  "worker executable, spawned (default: ferry-worker beside this program)");
-  cmd->add_option("--shared-allocations", a.shared_allocations,
-                  "on: tensors a task makes of 64 KiB or more are born in the worker's shared "
-                  "memory and come back without a copy; off: they are copied when sent")
-      ->transform(CLI::IsMember({"on", "off"}))
-      ->default_str("on");
+  table_flag(cmd, "workers", a.workers);
+  table_flag(cmd, "devices", a.devices)->excludes("--workers");
+  table_flag(cmd, "start", a.start);
+  table_flag(cmd, "model", a.model);
+  table_flag(cmd, "task_timeout", a.timeout_ms);
+  table_flag(cmd, "start_timeout", a.start_timeout_ms);
+  table_flag(cmd, "retries", a.retries);
+  table_flag(cmd, "maxtasks_inflight", a.maxtasks_inflight);
+  table_flag(cmd, "max_tasks_per_worker", a.max_tasks_per_worker);
+  table_flag(cmd, "threads_per_worker", a.threads_per_worker);
+  table_flag(cmd, "max_failed_starts", a.restart.max_failed_starts);
+  table_flag(cmd, "max_start_crashes", a.restart.max_start_crashes);
+  table_flag(cmd, "restart_backoff", a.backoff_ms);
+  table_flag(cmd, "restart_backoff_max", a.backoff_max_ms);
+  table_flag(cmd, "worker", a.worker);
+  table_flag(cmd, "shared_allocations", a.shared_allocations);
 }
 
 // The options of a job on several hosts that the head and its hosts share.
 void add_link_options(CLI::App* cmd, RunArgs& a) {
-  cmd->add_option("--secret-file", a.secret_file,
-                  "the job's shared secret: a file of 16 bytes or more that only its owner can "
-                  "read (default: FERRY_SECRET_FILE, else the secret itself in FERRY_SECRET)");
-  cmd->add_option("--join-timeout-ms", a.join_timeout_ms,
-                  "how long joining, and --wait-hosts, may take")
-      ->check(CLI::Range(100, 1 << 30));
-  cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "a quiet link sends a heartbeat this often")
-      ->check(CLI::Range(10, 600000));
-  cmd->add_option("--lost-after-ms", a.lost_after_ms,
-                  "a peer silent this long is lost (at least twice the heartbeat)")
-      ->check(CLI::Range(20, 1 << 30));
+  table_flag(cmd, "secret_file", a.secret_file);
+  table_flag(cmd, "join_timeout", a.join_timeout_ms);
+  table_flag(cmd, "heartbeat", a.heartbeat_ms);
+  table_flag(cmd, "lost_after", a.lost_after_ms);
 }
 
 }  // namespace
@@ -139,13 +142,8 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a) {
   run_cmd->add_option("--features", a.features, "columns per synthetic batch (mlp: 64)")
       ->check(CLI::Range(1, 1 << 20));
   run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
-  run_cmd->add_option("--listen", a.listen,
-                      "also run tasks on hosts that join at ADDRESS:PORT (PORT 0: any free one; "
-                      "ferry host --join); the store and links listen on that address only");
-  run_cmd
-      ->add_option("--wait-hosts", a.wait_hosts,
-                   "with --listen: wait for this many hosts before the first task")
-      ->check(CLI::Range(0, 4096));
+  table_flag(run_cmd, "listen", a.listen);
+  table_flag(run_cmd, "wait_hosts", a.wait_hosts);
   add_link_options(run_cmd, a);
   run_cmd->footer(
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"
@@ -165,14 +163,10 @@ CLI::App* add_host_command(CLI::App& app, RunArgs& a) {
       "host",
       "Join the head of a job on another machine (ferry run --listen) and run its tasks on "
       "this machine's workers until the job ends (docs/multi-host.md).");
-  host_cmd->add_option("--join", a.join, "the head's ADDRESS:PORT")->required();
+  table_flag(host_cmd, "join", a.join)->required();
   add_pool_options(host_cmd, a);
-  host_cmd->add_option("--address", a.address,
-                       "this host's address as the head reaches it (default: the one on the "
-                       "route to the head)");
-  host_cmd->add_option("--name", a.name,
-                       "this host's name in the head's reports (default: its "
-                       "hostname)");
+  table_flag(host_cmd, "address", a.address);
+  table_flag(host_cmd, "name", a.name);
   add_link_options(host_cmd, a);
   host_cmd->footer(
       "Exit codes: 0 the head's job ended, 2 bad arguments, 3 could not join or lost the head,\n"
@@ -199,6 +193,9 @@ ferry::PoolOptions pool_options(const RunArgs& a) {
   o.start = ferry::parse_start(a.start);
   o.worker_executable = a.worker;
   o.task_timeout = std::chrono::milliseconds(a.timeout_ms);
+  o.start_timeout = std::chrono::milliseconds(a.start_timeout_ms);
+  o.max_inflight_per_worker = a.maxtasks_inflight;
+  o.threads_per_worker = a.threads_per_worker;
   o.shared_allocations = a.shared_allocations == "on";
   o.max_retries = a.retries;
   o.max_tasks_per_worker = static_cast<std::uint64_t>(a.max_tasks_per_worker);

@@ -28,6 +28,9 @@ struct RunArgs {
   int batch_size = 64;
   std::int64_t features = ferry::kMlpFeatures;
   int timeout_ms = 0;
+  int start_timeout_ms = 60000;  // PoolOptions::start_timeout
+  int maxtasks_inflight = 0;     // PoolOptions::max_inflight_per_worker; 0: the pool chooses
+  int threads_per_worker = 0;    // PoolOptions::threads_per_worker; 0: cores / workers
   std::string shared_allocations = "on";  // PoolOptions::shared_allocations
   int retries = 2;
   std::int64_t max_tasks_per_worker = 0;  // PoolOptions::max_tasks_per_worker
