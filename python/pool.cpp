@@ -10,6 +10,7 @@
 #include "python/durations.hpp"
 #include "python/message.hpp"
 #include "python/stats.hpp"
+#include "runtime/option_table.hpp"
 #include "runtime/worker_protocol.hpp"
 
 namespace py = pybind11;
@@ -65,15 +66,6 @@ struct Future {
   }
 };
 
-// Validated setters for the options a Python caller gives, each named as ferry.Pool names it.
-int at_least(const char* what, int value, int least, const char* remedy) {
-  if (value < least) {
-    throw Error(Errc::invalid_argument,
-                std::string(what) + "=" + std::to_string(value) + ": " + remedy);
-  }
-  return value;
-}
-
 double ms_to_seconds(std::chrono::milliseconds ms) {
   return static_cast<double>(ms.count()) / 1000.0;
 }
@@ -87,7 +79,40 @@ PoolOptions python_pool_options(PoolOptions o) {
   return o;
 }
 
+// The option table (runtime/option_table.hpp) as Python sees it: one dict per option.
+py::list option_table_list() {
+  py::list out;
+  for (const OptionSpec& o : option_table()) {
+    py::list uses;
+    if (o.uses & kUsePool) uses.append("pool");
+    if (o.uses & kUseServe) uses.append("serve");
+    if (o.uses & kUseHost) uses.append("host");
+    if (o.uses & kUseRun) uses.append("run");
+    static const char* const kinds[] = {"count", "seconds", "flag", "text", "list", "choice"};
+    py::dict d;
+    d["key"] = o.key;
+    d["python"] = o.python;
+    d["cli"] = o.cli;
+    d["kind"] = kinds[static_cast<int>(o.kind)];
+    d["least"] = o.least;
+    d["most"] = o.most;
+    d["default"] = o.fallback;
+    d["help"] = o.help;
+    d["uses"] = uses;
+    d["choices"] = o.choices;
+    out.append(d);
+  }
+  return out;
+}
+
 void bind_pool(py::module_& m) {
+  m.def("option_table", &option_table_list,
+        "the options of a pool and a host, declared once (docs/options.md)");
+  m.def(
+      "check_option",
+      [](const std::string& key, std::int64_t value) { return checked(option(key), value); },
+      py::arg("key"), py::arg("value"),
+      "value, or InvalidArgument naming it and the option's range (milliseconds for times)");
   m.attr("MAX_TASK_TENSORS") = protocol::kMaxTensorsPerTask;
   m.attr("MAX_SHARED_TENSORS") = kMaxSharedTensors;
 
@@ -109,9 +134,8 @@ void bind_pool(py::module_& m) {
              }
              return o;
            }),
-           "PoolOptions(devices=[...], executable=..., args=[...], config={...}, retries=2, "
-           "maxtasks_inflight=0, task_timeout=None, start_timeout=30.0, stop_timeout=5.0, "
-           "threads_per_worker=0, shared_allocations=True)")
+           "PoolOptions(devices=[...], executable=..., args=[...], config={...}, and the options "
+           "of option_table() that ferry.Pool takes, by their keyword; times in seconds")
       .def_readwrite("devices", &PoolOptions::devices, "one worker per entry: 'cpu', 'cuda:N'")
       .def_readwrite("executable", &PoolOptions::worker_executable, "what a worker runs")
       .def_readwrite("args", &PoolOptions::worker_args, "its arguments before the control fd")
@@ -119,33 +143,22 @@ void bind_pool(py::module_& m) {
       .def_property(
           "retries", [](const PoolOptions& o) { return o.max_retries; },
           [](PoolOptions& o, int v) {
-            o.max_retries =
-                at_least("retries", v, 0, "give 0 or more tries after a worker's death");
+            o.max_retries = static_cast<int>(checked(option("retries"), v));
           },
-          "times a task lost with its worker is tried again")
+          option("retries").help)
       .def_property(
           "maxtasks_inflight", [](const PoolOptions& o) { return o.max_inflight_per_worker; },
           [](PoolOptions& o, int v) {
-            if (v < 0 || v > 1000) {
-              throw Error(Errc::invalid_argument,
-                          "maxtasks_inflight=" + std::to_string(v) +
-                              ": give 1 to 1000 tasks per worker, or None to let the pool "
-                              "choose by its tasks' time and size");
-            }
-            o.max_inflight_per_worker = v;
+            o.max_inflight_per_worker = static_cast<int>(checked(option("maxtasks_inflight"), v));
           },
-          "tasks one worker holds at most; 0: the pool chooses by their time and size")
+          option("maxtasks_inflight").help)
       .def_property(
           "max_tasks_per_worker", [](const PoolOptions& o) { return o.max_tasks_per_worker; },
           [](PoolOptions& o, std::int64_t v) {
-            if (v < 0) {
-              throw Error(Errc::invalid_argument,
-                          "max_tasks_per_worker=" + std::to_string(v) +
-                              ": give 1 or more tasks per worker process, or 0 for no end");
-            }
-            o.max_tasks_per_worker = static_cast<std::uint64_t>(v);
+            o.max_tasks_per_worker =
+                static_cast<std::uint64_t>(checked(option("max_tasks_per_worker"), v));
           },
-          "tasks a worker process runs before a fresh one replaces it; 0: no end")
+          option("max_tasks_per_worker").help)
       .def_property(
           "task_timeout",
           [](const PoolOptions& o) -> std::optional<double> {
@@ -170,11 +183,9 @@ void bind_pool(py::module_& m) {
       .def_property(
           "threads_per_worker", [](const PoolOptions& o) { return o.threads_per_worker; },
           [](PoolOptions& o, int v) {
-            o.threads_per_worker = at_least("threads_per_worker", v, 0,
-                                            "give 1 or more intra-op threads, or 0 for the "
-                                            "cores divided among the workers");
+            o.threads_per_worker = static_cast<int>(checked(option("threads_per_worker"), v));
           },
-          "intra-op threads in each worker; 0: cores / workers")
+          option("threads_per_worker").help)
       .def_readwrite("shared_allocations", &PoolOptions::shared_allocations,
                      "tensors the workers make are born in shared memory");
 

@@ -38,7 +38,8 @@ const std::vector<OptionSpec>& option_table() {
        kEverywhere},
       // Tasks, failures and restarts.
       {"maxtasks_inflight", "maxtasks_inflight", "--maxtasks-inflight", OptionKind::count, 0, 1000,
-       "0 (Python: None): the pool chooses, 3 to 64, by its tasks' time and size",
+       "0 (Python: None): the pool chooses, 3 to 64, by its tasks' time and size; python3 -m "
+       "ferry host: 3",
        "tasks one worker holds at most", kEverywhere},
       {"retries", "retries", "--retries", OptionKind::count, 0, 100, "2",
        "times a task lost with its worker is retried", kEverywhere},

@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 
-from . import _C
+from . import _C, _options
 from ._pool import HOST_DEPTH, _devices, _require_hosts, _worker_command
 
 # Exit codes, as `ferry host`'s: the head's job ended; bad options; could not join or lost the
@@ -21,15 +21,15 @@ OK, BAD_INPUT, BROKEN = 0, 2, 3
 
 
 def serve_host(join, *, processes=None, devices=None, secret_file=None, name=None, address=None,
-               retries=2, maxtasks_inflight=HOST_DEPTH, task_timeout=None, start_timeout=60.0,
-               threads_per_worker=0, join_timeout=10.0, heartbeat=0.5, lost_after=5.0,
-               stop=None, on_joined=None):
+               retries=2, maxtasks_inflight=HOST_DEPTH, maxtasksperchild=None, task_timeout=None,
+               start_timeout=60.0, threads_per_worker=0, shared_allocations=True,
+               join_timeout=30.0, heartbeat=0.5, lost_after=5.0, stop=None, on_joined=None):
     """Joins the head at `join` ("ADDRESS:PORT") and serves it until one side leaves.
 
     Returns "head_left" when the head's job ended, "stopped" once `stop` (a threading.Event) was
     set and the head was told. Raises ferry.Error when it cannot join (the head unreachable, the
     secret refused) or loses the head. `on_joined(number, address, capacity)` is called once
-    joined, before this host's workers start.
+    joined, before this host's workers start. The options are ferry.Pool's (docs/options.md).
     """
     _require_hosts("serve_host")
     devices = _devices(processes, devices)
@@ -37,9 +37,16 @@ def serve_host(join, *, processes=None, devices=None, secret_file=None, name=Non
         raise ValueError(f"maxtasks_inflight={maxtasks_inflight}: give 1 or more")
     # Checked before joining, so a bad option leaves no head waiting.
     executable, args, config = _worker_command()
+    if maxtasksperchild is not None and (isinstance(maxtasksperchild, bool) or
+                                         not isinstance(maxtasksperchild, int) or
+                                         maxtasksperchild <= 0):
+        raise ValueError("maxtasksperchild must be a positive int or None")
     options = _C.PoolOptions(executable=executable, args=args, config=config, retries=retries,
-                             maxtasks_inflight=maxtasks_inflight, task_timeout=task_timeout,
-                             start_timeout=start_timeout, threads_per_worker=threads_per_worker)
+                             maxtasks_inflight=maxtasks_inflight,
+                             max_tasks_per_worker=maxtasksperchild or 0,
+                             task_timeout=task_timeout, start_timeout=start_timeout,
+                             threads_per_worker=threads_per_worker,
+                             shared_allocations=bool(shared_allocations))
     joined = _C.join_head(join, secret_file or "", name or socket.gethostname(), address or "",
                           devices, int(maxtasks_inflight), float(join_timeout), float(heartbeat),
                           float(lost_after))
@@ -102,33 +109,43 @@ def serve_launch(*, processes=None, devices=None, secret_file=None, name=None, j
                       join_timeout=join_timeout, **options)
 
 
+# The spellings of python3 -m ferry host before it took ferry host's, kept for one release:
+# (old flag, new flag, seconds given where the new one takes milliseconds).
+_OLD_FLAGS = (("--processes", "--workers", False), ("--task-timeout", "--timeout-ms", True),
+              ("--start-timeout", "--start-timeout-ms", True),
+              ("--join-timeout", "--join-timeout-ms", True), ("--heartbeat", "--heartbeat-ms", True),
+              ("--lost-after", "--lost-after-ms", True))
+
+
+def _seconds(ms):
+    return None if ms is None else ms / 1000.0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python3 -m ferry host",
-        description="Take tasks from a ferry.Pool head on another machine (docs/multi-host.md).")
-    p.add_argument("--join", required=True, metavar="ADDRESS:PORT",
-                   help="where the head listens (its Pool's listen=)")
-    p.add_argument("--processes", type=int, help="CPU workers (default: one per core)")
-    p.add_argument("--devices", help="one worker per entry, e.g. cpu,cpu,cuda:0")
-    p.add_argument("--secret-file", help="the job's secret (default: FERRY_SECRET)")
-    p.add_argument("--name", help="this host's name in the head's logs (default: hostname)")
-    p.add_argument("--address", help="where the head reaches this host (default: the address on "
-                                     "the route to the head)")
-    p.add_argument("--retries", type=int, default=2, help="times a task lost with its worker is "
-                                                          "retried here")
-    p.add_argument("--maxtasks-inflight", type=int, default=HOST_DEPTH, help="tasks per worker at once")
-    p.add_argument("--task-timeout", type=float, help="kill a worker whose task runs longer (s)")
-    p.add_argument("--start-timeout", type=float, default=60.0, help="a worker's start (s)")
-    p.add_argument("--threads-per-worker", type=int, default=0,
-                   help="torch threads per worker (0: cores / workers)")
-    p.add_argument("--join-timeout", type=float, default=10.0, help="each step of joining (s)")
-    p.add_argument("--heartbeat", type=float, default=0.5, help="a quiet link beats this often "
-                                                                "(s)")
-    p.add_argument("--lost-after", type=float, default=5.0, help="a head silent this long is "
-                                                                 "gone (s)")
+        description="Take tasks from a ferry.Pool head on another machine (docs/multi-host.md). "
+                    "The flags are ferry host's (docs/options.md).")
+    _options.add_flags(p, "serve")
+    by_flag = {o["cli"]: o for o in _options.table()}
+    for old, new, seconds in _OLD_FLAGS:
+        o = by_flag[new]
+        p.add_argument(old, dest=o["key"] + ("_ms" if o["kind"] == "seconds" else ""),
+                       action=_options.Deprecated, new=new, seconds=seconds,
+                       help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.processes is not None and a.devices is not None:
-        p.error("give --processes or --devices, not both")
+    if a.join is None:
+        p.error("the following arguments are required: --join")
+    if a.workers is not None and a.devices is not None:
+        p.error("give --workers or --devices, not both")
+    try:
+        for o in _options.table():
+            dest = o["key"] + ("_ms" if o["kind"] == "seconds" else "")
+            if "serve" in o["uses"] and o["kind"] in ("count", "seconds") and \
+                    getattr(a, dest, None) is not None:
+                _options.check(o, getattr(a, dest))
+    except _C.InvalidArgument as e:
+        p.error(str(e))
     devices = a.devices.split(",") if a.devices else None
 
     stop = threading.Event()
@@ -146,12 +163,18 @@ def main(argv=None):
               "tasks at once)", file=sys.stderr, flush=True)
 
     try:
-        end = serve_host(a.join, processes=a.processes, devices=devices,
+        end = serve_host(a.join, processes=a.workers, devices=devices,
                          secret_file=a.secret_file, name=a.name, address=a.address,
-                         retries=a.retries, maxtasks_inflight=a.maxtasks_inflight,
-                         task_timeout=a.task_timeout, start_timeout=a.start_timeout,
-                         threads_per_worker=a.threads_per_worker, join_timeout=a.join_timeout,
-                         heartbeat=a.heartbeat, lost_after=a.lost_after, stop=stop,
+                         retries=2 if a.retries is None else a.retries,
+                         maxtasks_inflight=a.maxtasks_inflight or HOST_DEPTH,
+                         maxtasksperchild=a.max_tasks_per_worker or None,
+                         task_timeout=_seconds(a.task_timeout_ms or None),
+                         start_timeout=_seconds(a.start_timeout_ms) or 60.0,
+                         threads_per_worker=a.threads_per_worker or 0,
+                         shared_allocations=a.shared_allocations != "off",
+                         join_timeout=_seconds(a.join_timeout_ms) or 30.0,
+                         heartbeat=_seconds(a.heartbeat_ms) or 0.5,
+                         lost_after=_seconds(a.lost_after_ms) or 5.0, stop=stop,
                          on_joined=joined)
     except (ValueError, TypeError, _C.InvalidArgument) as e:
         print(f"ferry host: {e}", file=sys.stderr)

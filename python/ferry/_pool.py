@@ -392,7 +392,7 @@ class Pool:
     def __init__(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None,
                  *, devices=None, retries=2, maxtasks_inflight=None, task_timeout=None,
                  start_timeout=60.0, threads_per_worker=0, shared=None, listen=None,
-                 secret_file=None, wait_hosts=0, join_timeout=10.0, heartbeat=0.5,
+                 secret_file=None, wait_hosts=0, join_timeout=30.0, heartbeat=0.5,
                  lost_after=5.0, shared_allocations=True, launch=False):
         if maxtasksperchild is not None and (isinstance(maxtasksperchild, bool) or
                                              not isinstance(maxtasksperchild, int) or
@@ -403,9 +403,10 @@ class Pool:
         devices = _devices(processes, devices)
         if maxtasks_inflight is not None and (isinstance(maxtasks_inflight, bool) or
                                               not isinstance(maxtasks_inflight, int) or
-                                              not 1 <= maxtasks_inflight <= 1000):
-            raise ValueError(f"maxtasks_inflight={maxtasks_inflight!r}: give 1 to 1000 tasks per "
+                                              maxtasks_inflight < 1):
+            raise ValueError(f"maxtasks_inflight={maxtasks_inflight!r}: give a number of tasks per "
                              "worker, or None to let the pool choose by its tasks' time and size")
+        # Its range is the option table's, checked in one place (docs/options.md).
         self._state = INIT
         # What the initializer and the shared objects need, for the pool's life: every restarted
         # worker unpickles them again (multiprocessing keeps its initargs so too).

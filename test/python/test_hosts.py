@@ -57,8 +57,9 @@ class Host:
         path = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
                                 os.environ.get("PYTHONPATH", "")])
         env = dict(os.environ, FERRY_SECRET=secret, FERRY_TEST_HOST=name, PYTHONPATH=path)
-        cmd = [sys.executable, "-B", "-m", "ferry", "host", "--join", address, "--processes", "2",
-               "--name", name, "--heartbeat", "0.2", "--lost-after", str(LOST_AFTER), *extra]
+        cmd = [sys.executable, "-B", "-m", "ferry", "host", "--join", address, "--workers", "2",
+               "--name", name, "--heartbeat-ms", "200", "--lost-after-ms",
+               str(int(LOST_AFTER * 1000)), *extra]
         self.proc = subprocess.Popen(PRIVATE_SHM + cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
