@@ -2,6 +2,9 @@
 // and each malformed or contradictory environment named with its remedy.
 #include "hosts/launch_env.hpp"
 
+#include <tuple>
+#include <vector>
+
 #include "../catch.hpp"
 #include "ipc/error.hpp"
 
@@ -114,31 +117,30 @@ TEST_CASE("launch: a world of one runs as on one machine", "[launch]") {
 
 TEST_CASE("launch: incomplete or malformed env:// variables are named with the remedy",
           "[launch]") {
+  // Each case: the variable changed (an empty value: removed), and what the refusal says.
+  const std::vector<std::tuple<const char*, const char*, const char*>> cases = {
+      {"WORLD_SIZE", "", "RANK is set but WORLD_SIZE is not"},
+      {"RANK", "", "WORLD_SIZE is set but RANK is not"},
+      {"MASTER_ADDR", "", "MASTER_ADDR is not: set it to rank 0's address"},
+      {"MASTER_PORT", "", "MASTER_PORT is not"},
+      {"MASTER_PORT", "70000", "MASTER_PORT=70000: give a TCP port, 1 to 65535"},
+      {"RANK", "one", "RANK=one: give this rank's number"},
+      {"RANK", "3", "RANK=3 with WORLD_SIZE=3: ranks are numbered 0 to"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE=0: give the number of ranks"},
+  };
+  for (const auto& [name, value, says] : cases) {
+    Environment e = env_rank(1);
+    if (*value == '\0') {
+      e.erase(name);
+    } else {
+      e[name] = value;
+    }
+    INFO(name << "=" << value);
+    CHECK_THAT(refusal(e), Catch::Contains(says));
+  }
   Environment e = env_rank(1);
   e.erase("WORLD_SIZE");
-  CHECK_THAT(refusal(e), Catch::Contains("RANK is set but WORLD_SIZE is not") &&
-                             Catch::Contains("MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE"));
-  e = env_rank(1);
-  e.erase("RANK");
-  CHECK_THAT(refusal(e), Catch::Contains("WORLD_SIZE is set but RANK is not"));
-  e = env_rank(1);
-  e.erase("MASTER_ADDR");
-  CHECK_THAT(refusal(e), Catch::Contains("MASTER_ADDR is not: set it to rank 0's address"));
-  e = env_rank(1);
-  e.erase("MASTER_PORT");
-  CHECK_THAT(refusal(e), Catch::Contains("MASTER_PORT is not"));
-  e = env_rank(1);
-  e["MASTER_PORT"] = "70000";
-  CHECK_THAT(refusal(e), Catch::Contains("MASTER_PORT=70000: give a TCP port, 1 to 65535"));
-  e = env_rank(1);
-  e["RANK"] = "one";
-  CHECK_THAT(refusal(e), Catch::Contains("RANK=one: give this rank's number"));
-  e = env_rank(1);
-  e["RANK"] = "3";
-  CHECK_THAT(refusal(e), Catch::Contains("RANK=3 with WORLD_SIZE=3: ranks are numbered 0 to"));
-  e = env_rank(1);
-  e["WORLD_SIZE"] = "0";
-  CHECK_THAT(refusal(e), Catch::Contains("WORLD_SIZE=0: give the number of ranks"));
+  CHECK_THAT(refusal(e), Catch::Contains("MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE"));
 }
 
 TEST_CASE("launch: more than one rank a machine is refused, naming --nproc-per-node=1",

@@ -7,10 +7,8 @@
 // TORCHELASTIC_RESTART_COUNT, and (PyTorch 2.4 and later) torchrun's own store at
 // MASTER_ADDR:MASTER_PORT, played here by a TCPStore of this process.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,10 +35,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Catch::Contains;
-using test::private_shm_works;
-using test::SecretFile;
-using test::slurp;
-using test::TestNet;
+using namespace test;  // the test network (test_net.hpp)
 
 const std::string kFerry = FERRY_BIN;
 const std::string kSecret = "the-job-secret-of-the-launch-tests";
@@ -87,25 +82,7 @@ class Rank {
       env.push_back(kv);
     }
     for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
-    std::vector<char*> args_c, env_c;
-    for (auto& a : argv) args_c.push_back(a.data());
-    args_c.push_back(nullptr);
-    for (auto& e : env) env_c.push_back(e.data());
-    env_c.push_back(nullptr);
-    std::fflush(nullptr);
-    const pid_t parent = ::getpid();
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(120);
-      const int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      const int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (o >= 0) ::dup2(o, 1);
-      if (e >= 0) ::dup2(e, 2);
-      ::execvpe(args_c[0], args_c.data(), env_c.data());
-      ::_exit(127);
-    }
+    pid_ = test::spawn_logged(std::move(argv), std::move(env), out_, err_);
   }
   ~Rank() {
     if (!reaped_) {

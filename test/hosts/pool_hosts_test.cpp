@@ -5,9 +5,7 @@
 // made (not root), each host gets a loopback address of its own (127.0.0.2, .3, ...) instead,
 // and the test says so. Workers are spawned (ferry-test-worker's tasks: sleep_echo and
 // fail_if_negative), here and on the hosts.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,11 +34,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Catch::Contains;
-using test::private_shm_works;
-using test::SecretFile;
-using test::sh;
-using test::slurp;
-using test::TestNet;
+using namespace test;  // the test network (test_net.hpp)
 
 const std::string kFerry = FERRY_BIN;
 const std::string kTestWorker = FERRY_TEST_WORKER;
@@ -88,24 +82,7 @@ class HostProcess {
                           std::string("20000")}) {
       argv.push_back(a);
     }
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    std::fflush(nullptr);
-    const pid_t parent = ::getpid();
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(120);
-      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      ::execvp(args[0], args.data());
-      ::_exit(127);
-    }
+    pid_ = test::spawn_logged(std::move(argv), {}, log_, log_);
   }
   ~HostProcess() {
     if (!reaped_) {

@@ -4,6 +4,9 @@
 // secret file. Shared by the tests of a pool across hosts and of a launched job.
 #pragma once
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -114,5 +117,37 @@ class TestNet {
   bool namespaces_ = false;
   std::vector<std::string> made_, veths_;
 };
+
+// Forks and runs `argv` (searched on PATH) with the environment `env` (empty: this one), its
+// stdout into the file `out` and its stderr into `err` (the same path: both into one file). The
+// child dies with this process. Returns its pid.
+inline pid_t spawn_logged(std::vector<std::string> argv, std::vector<std::string> env,
+                          const std::string& out, const std::string& err) {
+  std::vector<char*> args_c, env_c;
+  for (auto& a : argv) args_c.push_back(a.data());
+  args_c.push_back(nullptr);
+  for (auto& e : env) env_c.push_back(e.data());
+  env_c.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(120);
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int e =
+        err == out ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (o >= 0) ::dup2(o, 1);
+    if (e >= 0) ::dup2(e, 2);
+    if (env.empty()) {
+      ::execvp(args_c[0], args_c.data());
+    } else {
+      ::execvpe(args_c[0], args_c.data(), env_c.data());
+    }
+    ::_exit(127);
+  }
+  return pid;
+}
 
 }  // namespace ferry::hosts::test
