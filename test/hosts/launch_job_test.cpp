@@ -37,7 +37,6 @@ using namespace std::chrono_literals;
 using Catch::Contains;
 using namespace test;  // the test network (test_net.hpp)
 
-const std::string kFerry = FERRY_BIN;
 const std::string kSecret = "the-job-secret-of-the-launch-tests";
 using Vars = std::map<std::string, std::string>;
 

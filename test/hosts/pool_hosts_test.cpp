@@ -36,7 +36,6 @@ using namespace std::chrono_literals;
 using Catch::Contains;
 using namespace test;  // the test network (test_net.hpp)
 
-const std::string kFerry = FERRY_BIN;
 const std::string kTestWorker = FERRY_TEST_WORKER;
 constexpr auto kHeartbeat = 100ms;
 constexpr auto kLostAfter = 1500ms;

@@ -20,6 +20,9 @@
 
 namespace ferry::hosts::test {
 
+// The `ferry` program every host of these tests runs.
+inline const std::string kFerry = FERRY_BIN;
+
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
