@@ -67,6 +67,11 @@ const std::vector<OptionSpec>& option_table() {
        kUsePool | kUseRun},
       {"wait_hosts", "wait_hosts", "--wait-hosts", OptionKind::count, 0, 4096, "0",
        "with listen: wait for this many hosts before the first task", kUsePool | kUseRun},
+      {"launch", "launch", "--launch", OptionKind::choice, 0, 0,
+       "auto (ferry.Pool: False, True to require one)",
+       "auto: under torchrun, srun or env:// variables (RANK, WORLD_SIZE, ...), rank 0 runs the "
+       "job and every other rank serves it; off: this machine alone, whatever they say",
+       kUsePool | kUseRun, "auto|off"},
       {"join", "join", "--join", OptionKind::text, 0, 0, "required", "the head's ADDRESS:PORT",
        kHosts},
       {"address", "address", "--address", OptionKind::text, 0, 0,

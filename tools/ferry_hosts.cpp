@@ -105,7 +105,7 @@ void require_same_task(const std::string& setup, const RunArgs& a) {
 }  // namespace
 
 std::optional<ferry::hosts::Launch> launch_of(const RunArgs& a) {
-  if (!a.listen.empty() || !a.join.empty()) return std::nullopt;
+  if (!a.listen.empty() || !a.join.empty() || a.launch_mode == "off") return std::nullopt;
   std::optional<ferry::hosts::Launch> l;
   try {
     l = ferry::hosts::read_launch(ferry::hosts::process_environment());
@@ -244,7 +244,7 @@ int host(const RunArgs& a) {
 // A ferry for one machine only: FERRY_HOSTS_MISSING (tools/CMakeLists.txt) says why.
 
 std::optional<ferry::hosts::Launch> launch_of(const RunArgs& a) {
-  if (!a.listen.empty() || !a.join.empty()) return std::nullopt;
+  if (!a.listen.empty() || !a.join.empty() || a.launch_mode == "off") return std::nullopt;
   std::optional<ferry::hosts::Launch> l;
   try {
     l = ferry::hosts::read_launch(ferry::hosts::process_environment());

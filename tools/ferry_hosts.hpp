@@ -41,10 +41,10 @@ class HostsHead {
   std::shared_ptr<ferry::hosts::HeadHub> hub_;
 };
 
-// Where a cluster launcher started `ferry run` (hosts/launch_env.hpp) and neither --listen nor
-// --join was given: this rank's launch, checked as far as this rank can (the job's secret is
-// there, rank 0's address is this machine's); nullopt where no launcher did, or for a world of
-// one. A LaunchFailure (exit 3) naming the remedy otherwise.
+// Where a cluster launcher started `ferry run` (hosts/launch_env.hpp) and neither --listen,
+// --join nor --launch off was given: this rank's launch, checked as far as this rank can (the job's
+// secret is there, rank 0's address is this machine's); nullopt where no launcher did, or for a
+// world of one. A LaunchFailure (exit 3) naming the remedy otherwise.
 std::optional<ferry::hosts::Launch> launch_of(const RunArgs& a);
 
 // `ferry host`, and every rank but 0 of a launched job: this machine's workers take tasks from a

@@ -144,6 +144,7 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a) {
   run_cmd->add_flag("--json", a.json, "print the summary as one JSON document, no progress");
   table_flag(run_cmd, "listen", a.listen);
   table_flag(run_cmd, "wait_hosts", a.wait_hosts);
+  table_flag(run_cmd, "launch", a.launch_mode);
   add_link_options(run_cmd, a);
   run_cmd->footer(
       "Exit codes: 0 all tasks succeeded, 1 some tasks failed, 2 bad arguments or input,\n"

@@ -44,6 +44,7 @@ struct RunArgs {
   int join_timeout_ms = 30000;
   int heartbeat_ms = 500;
   int lost_after_ms = 5000;
+  std::string launch_mode = "auto";  // --launch: auto, or off (this machine alone)
   // Set where a cluster launcher started `ferry run` (tools/ferry_hosts.hpp, launch_of): rank 0
   // is the head, every other rank a host.
   std::optional<ferry::hosts::Launch> launch;

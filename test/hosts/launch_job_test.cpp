@@ -329,6 +329,18 @@ TEST_CASE("launch: a world that never fills ends rank 0 with exit 3, naming who 
   CHECK_THAT(r0.err(), Contains("0 of the other 2 rank(s) joined within 1500 ms"));
 }
 
+TEST_CASE("launch: --launch off runs on this machine alone, whatever the variables say",
+          "[hosts][launch]") {
+  Job job;
+  // A rank of some other job that runs ferry on its own machine: no head anywhere.
+  Rank alone("", job.vars(1), work({"--batches", "20", "--launch", "off"}));
+  REQUIRE(alone.wait_exit() == 0);
+  INFO(alone.err());
+  const nlohmann::json s = nlohmann::json::parse(alone.out());
+  CHECK(s["tasks"] == 20);
+  CHECK_FALSE(s.contains("hosts"));
+}
+
 TEST_CASE("launch: rank 0 where MASTER_ADDR does not point, given twice, or unresolvable",
           "[hosts][launch]") {
   Job job;
