@@ -16,6 +16,7 @@
 // the head one timeout and is counted; its number is never reused. Every wait has a timeout.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -72,7 +73,8 @@ class HeadDoor {
   // refused, logged with its name and address, and the wait goes on for the next.
   std::optional<Joined> admit(std::chrono::milliseconds timeout);
 
-  std::uint64_t refused() const noexcept { return refused_; }  // hosts turned away so far
+  // Hosts turned away so far; read by any thread (the hub's stats) while admit() runs.
+  std::uint64_t refused() const noexcept { return refused_.load(std::memory_order_relaxed); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -81,7 +83,7 @@ class HeadDoor {
   std::string setup_;
   std::string job_;
   std::uint64_t next_ = 1;  // the next host number to look at
-  std::uint64_t refused_ = 0;
+  std::atomic<std::uint64_t> refused_{0};
 };
 
 // The host's side: joins the head behind `store`, proving `secret`, and makes its link.

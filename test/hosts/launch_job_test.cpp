@@ -26,6 +26,7 @@
 #include "hosts/host_store.hpp"
 
 #include "../catch.hpp"
+#include "../test_util.hpp"
 #include "test_net.hpp"
 
 extern char** environ;
@@ -98,7 +99,7 @@ class Rank {
   std::string err() const { return slurp(err_); }
   void kill() const { ::kill(pid_, SIGKILL); }
   // Its exit code, or minus the signal that ended it; fails the test after `limit`.
-  int wait_exit(std::chrono::seconds limit = 90s) {
+  int wait_exit(std::chrono::seconds limit = ferry::test::kUnderTsan ? 300s : 90s) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     int status = 0;
     while (::waitpid(pid_, &status, WNOHANG) != pid_) {
@@ -167,9 +168,13 @@ struct Job {
   std::map<int, std::pair<std::string, std::string>> made;
 };
 
-const std::vector<std::string> kWork = {
-    "--workers",      "1",   "--start",         "fork", "--json",
-    "--heartbeat-ms", "100", "--lost-after-ms", "3000"};
+// Each rank's pool: one worker, forked (spawned under TSan, which cannot follow a fork from a
+// process with threads whose child starts threads: test/CMakeLists.txt).
+const std::vector<std::string> kWork = {"--workers", "1",
+                                        "--start",   ferry::test::kUnderTsan ? "spawn" : "fork",
+                                        "--json",    "--heartbeat-ms",
+                                        "100",       "--lost-after-ms",
+                                        "3000"};
 
 std::vector<std::string> work(std::initializer_list<std::string> more) {
   std::vector<std::string> a = kWork;
