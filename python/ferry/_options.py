@@ -5,6 +5,7 @@ differ from it.
 """
 
 import argparse
+import sys
 
 from . import _C
 
@@ -83,7 +84,6 @@ class Deprecated(argparse.Action):
         super().__init__(option_strings, dest, **kw)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        import sys
         print(f"{parser.prog}: {option_string} is deprecated and goes in the next release: give "
               f"{self.new} (as ferry host spells it)", file=sys.stderr)
         setattr(namespace, self.dest, round(float(values) * 1000) if self.seconds else
