@@ -66,6 +66,40 @@ struct Future {
   }
 };
 
+// A call whose caller waits for it (Pool.call, for apply()): wait() and get() as Future's, and
+// the waiting thread takes the result from the worker itself where it can (Pool::Call).
+struct Called {
+  std::shared_ptr<Pool::Call> call;
+  std::optional<Tensors> out;
+  std::exception_ptr error;
+  bool wait(std::optional<double> timeout) {
+    if (out || error) return true;
+    const auto ms = to_timeout(timeout);
+    std::optional<Tensors> got;
+    std::exception_ptr failed;
+    {
+      py::gil_scoped_release unlocked;
+      try {
+        got = call->wait(ms);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    if (failed) {
+      error = failed;
+      return true;
+    }
+    if (!got) return false;
+    out = std::move(got);
+    return true;
+  }
+  py::tuple get() {
+    wait(std::nullopt);
+    if (error) std::rethrow_exception(error);
+    return unpack_object(*out);
+  }
+};
+
 double ms_to_seconds(std::chrono::milliseconds ms) {
   return static_cast<double>(ms.count()) / 1000.0;
 }
@@ -209,6 +243,11 @@ void bind_pool(py::module_& m) {
            "the result as (object,) when it was plain (decoded here), else (payload, bases); "
            "raises the task's error");
 
+  py::class_<Called>(m, "Call")
+      .def("wait", &Called::wait, py::arg("timeout") = py::none(),
+           "True once the task has ended (within `timeout` seconds)")
+      .def("get", &Called::get, "as Future.get");
+
   // Results come back in batches: every one that is in when the caller wakes, so a stream of
   // small tasks pays for one GIL release and one call per batch, not per result.
   py::class_<Pool::Results>(m, "Results")
@@ -284,6 +323,22 @@ void bind_pool(py::module_& m) {
           py::arg("timeout") = py::none(), py::arg("prelude") = nullptr,
           "runs one pickled call; `keep` is held until the task has ended; `prelude` (a "
           "Prelude) goes to each worker once")
+      .def(
+          "call",
+          [](Pool& p, const py::bytes& payload, const std::vector<at::Tensor>& bases,
+             py::object keep, std::optional<double> timeout, std::shared_ptr<Prelude> prelude) {
+            Called out;
+            auto held = keep.is_none() ? nullptr : std::make_shared<Held>(std::move(keep));
+            send_message(payload, bases, timeout, [&](Tensors message, auto ms) {
+              out.call = std::make_shared<Pool::Call>(
+                  p.call(kPythonTask, std::move(message), ms, prelude, std::move(held)));
+            });
+            return out;
+          },
+          py::arg("payload"), py::arg("bases"), py::arg("keep") = py::none(),
+          py::arg("timeout") = py::none(), py::arg("prelude") = nullptr,
+          "runs one pickled call, as submit, for a caller that waits for it: the waiting thread "
+          "takes the result from the worker itself where no pool thread is needed")
       .def(
           "imap_unordered",
           [](Pool& p, py::function make, std::shared_ptr<Prelude> prelude) {

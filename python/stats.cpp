@@ -81,7 +81,8 @@ py::dict pool_stats_dict(const PoolStats& s) {
                   "input_tensors_zero_copy"_a = s.input_tensors_zero_copy,
                   "input_bytes_zero_copy"_a = s.input_bytes_zero_copy,
                   "input_tensors_copied"_a = s.input_tensors_copied,
-                  "input_bytes_copied"_a = s.input_bytes_copied);
+                  "input_bytes_copied"_a = s.input_bytes_copied,
+                  "results_taken_by_callers"_a = s.results_taken_by_callers);
 }
 
 }  // namespace ferry::python

@@ -100,9 +100,11 @@ struct Pool::State {
     return board.book.capacity();
   }
 
-  void submit(const std::string& name, Tensors inputs, std::optional<std::size_t> index,
-              std::chrono::milliseconds timeout, Completion done, PreludePtr prelude = nullptr) {
+  TaskPtr submit(const std::string& name, Tensors inputs, std::optional<std::size_t> index,
+                 std::chrono::milliseconds timeout, Completion done, PreludePtr prelude = nullptr,
+                 bool awaited = false) {
     auto task = std::make_shared<supervisor::Task>();
+    task->awaited = awaited;
     task->name = name;
     task->inputs = std::move(inputs);
     task->prelude = std::move(prelude);
@@ -117,6 +119,7 @@ struct Pool::State {
       done(std::move(r));
     };
     dispatcher.submit(task, index, timeout);
+    return task;
   }
 
   void close(Shutdown how) {
@@ -305,6 +308,126 @@ std::vector<Tensors> Pool::map(const std::string& task, const std::vector<Tensor
   }
   if (first) std::rethrow_exception(first);
   return out;
+}
+
+// ---- Pool::Call ------------------------------------------------------------------------------
+
+namespace {
+// How long a caller waits on the worker's result queue at a time, before it looks again at
+// where its task is (a retry may have moved it) and whether the collector is needed there.
+constexpr std::chrono::milliseconds kCallSlice{20};
+}  // namespace
+
+struct Pool::Call::State {
+  std::shared_ptr<Pool::State> pool;
+  TaskPtr task;
+  std::promise<Tensors> promise;
+  std::shared_future<Tensors> outcome = promise.get_future().share();
+
+  bool ended() const {
+    return outcome.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+  // Takes one result from the worker that runs the task, waiting up to `slice`, where this
+  // thread may: the task is handed to a worker here whose collector is not needed, and no one
+  // else holds the turn. False where it may not, and then it never will: a task not yet handed
+  // (the pool is full), a worker with results of other tasks (the collector's), another caller
+  // on the same worker, or a process that has gone (its reap hands the task back).
+  bool take_own_result(std::chrono::milliseconds slice) {
+    supervisor::Board& b = pool->board;
+    std::optional<TensorQueue> results;
+    supervisor::CollectorGate* gate = nullptr;
+    int w = -1;
+    {
+      std::lock_guard<std::mutex> lock(b.mu);
+      w = task->worker;
+      if (!task->awaited || w < 0 || static_cast<std::size_t>(w) >= b.here.size() ||
+          b.book.needs_collector(w) || !b.here[w]->results) {
+        return false;
+      }
+      results = b.here[w]->results;
+      gate = &b.here[w]->gate;
+    }
+    std::unique_lock<std::mutex> turn(gate->turn, std::try_to_lock);
+    if (!turn.owns_lock()) return false;
+    try {
+      if (std::optional<Tensors> m = results->try_recv(slice)) {
+        {
+          std::lock_guard<std::mutex> lock(b.mu);
+          ++b.totals.results_taken_by_callers;
+        }
+        if (auto why = pool->collector.on_result(w, std::move(*m))) b.request_kill(w, *why);
+      }
+    } catch (const Error& e) {
+      if (e.code() != Errc::closed && e.code() != Errc::peer_dead) {
+        b.request_kill(w, "it sent a result the supervisor could not read (" + e.detail() + ")");
+      }
+      return false;
+    }
+    return true;
+  }
+
+  // The caller waits no more: the task's result, when it comes, is the collector's.
+  void stop_awaiting() {
+    supervisor::Board& b = pool->board;
+    std::lock_guard<std::mutex> lock(b.mu);
+    if (!task->awaited) return;
+    b.rouse_collector(b.book.stop_awaiting(task->id));
+  }
+};
+
+Pool::Call Pool::call(const std::string& task, Tensors inputs, std::chrono::milliseconds timeout,
+                      PreludePtr prelude, std::shared_ptr<void> keep) {
+  auto c = std::make_shared<Call::State>();
+  c->pool = s_;
+  auto* promise = &c->promise;
+  // The promise is the call's, which outlives the task's end (Call::State holds the task).
+  c->task = s_->submit(
+      task, std::move(inputs), std::nullopt, timeout,
+      [promise, caller = std::weak_ptr<Call::State>(c),
+       keep = std::move(keep)](Result&& r) mutable {
+        if (auto alive = caller.lock()) {
+          if (r.error) {
+            promise->set_exception(r.error);
+          } else {
+            promise->set_value(std::move(r.outputs));
+          }
+        }
+        keep.reset();
+      },
+      std::move(prelude), true);
+  return Call(std::move(c));
+}
+
+std::optional<Tensors> Pool::Call::wait(std::chrono::milliseconds timeout) {
+  State& c = *s_;
+  const bool forever = timeout.count() < 0;
+  const Clock::time_point deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
+  for (;;) {
+    if (c.ended()) {
+      c.stop_awaiting();
+      return c.outcome.get();  // or throws the task's error
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return std::nullopt;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    if (c.take_own_result(forever ? kCallSlice : std::min(left, kCallSlice))) continue;
+    // Not this thread's to take: the pool's threads end the task, as they do a submit()'s.
+    c.stop_awaiting();
+    if (forever) {
+      c.outcome.wait();
+    } else {
+      c.outcome.wait_until(deadline);
+    }
+  }
+}
+
+Pool::Call::~Call() {
+  if (!s_) return;  // moved from
+  try {
+    s_->stop_awaiting();
+  } catch (...) {
+  }
 }
 
 Tensors Pool::Result::get() const {

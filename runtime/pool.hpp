@@ -139,6 +139,30 @@ class Pool {
   void submit(const std::string& task, Tensors inputs, std::function<void(Result&&)> done,
               std::chrono::milliseconds timeout = kForever, PreludePtr prelude = nullptr);
 
+  // A task whose caller waits for it (call()).
+  class Call {
+   public:
+    // Waits up to `timeout` for the task's outputs (kForever: until it ends); nullopt when the
+    // time passed first, and wait() may be called again. While no pool thread is needed for the
+    // worker's other results, this thread takes the result from the worker itself, so a call at
+    // a time is one hand-off each way with no thread between. Throws the task's TaskError.
+    std::optional<Tensors> wait(std::chrono::milliseconds timeout = kForever);
+    // A call no one waits for any more leaves its result to the pool's threads.
+    ~Call();
+    Call(Call&&) noexcept = default;
+    Call& operator=(Call&&) noexcept = default;
+    struct State;
+    explicit Call(std::shared_ptr<State> s) : s_(std::move(s)) {}
+
+   private:
+    std::shared_ptr<State> s_;
+  };
+  // Runs `task` like submit(), for a caller that then waits for it (Call::wait): what apply()
+  // of Python's pool does. `keep` is held until the task has ended (what its inputs need
+  // besides themselves). Throws what submit() throws.
+  Call call(const std::string& task, Tensors inputs, std::chrono::milliseconds timeout = kForever,
+            PreludePtr prelude = nullptr, std::shared_ptr<void> keep = nullptr);
+
   class Results {
    public:
     // The next finished task, whichever it is; nullopt once all have been returned. Submits

@@ -497,25 +497,27 @@ class Pool:
         return (*_pickle.dumps((fn, calls, star), _C.MAX_TASK_TENSORS - 1, functions=functions,
                                held=held), None)
 
-    def _submit(self, fn, calls, star):
-        """Hands one task to the pool, waiting (in slices) while it is full; its Future."""
+    def _submit(self, fn, calls, star, waited=False):
+        """Hands one task to the pool, waiting (in slices) while it is full; its Future, or
+        with `waited` its Call (the caller's thread waits for it and takes its result)."""
         self._check_running()
         held = []
         payload, bases, prelude = self._message(self._function(fn, held), calls, star, held)
         keep = held or None
+        send = self._c.call if waited else self._c.submit
 
         def attempt(t):
             try:
-                return True, self._c.submit(payload, bases, keep, t, prelude)
+                return True, send(payload, bases, keep, t, prelude)
             except Timeout:
                 return False, None
 
         return _waiting.wait(attempt, None)[1]
 
-    def apply_async(self, func, args=(), kwds={}, callback=None, error_callback=None):
+    def _apply(self, func, args, kwds, waited, callback=None, error_callback=None):
         call = (lambda a: func(*a[0], **a[1])) if kwds else func
         future = self._submit(call, [(tuple(args), dict(kwds)) if kwds else tuple(args)],
-                              star=not kwds)
+                              star=not kwds, waited=waited)
         name = _errors.name_of(func)
 
         def resolve():
@@ -526,8 +528,13 @@ class Pool:
 
         return AsyncResult(future.wait, resolve, callback, error_callback)
 
+    def apply_async(self, func, args=(), kwds={}, callback=None, error_callback=None):
+        return self._apply(func, args, kwds, False, callback, error_callback)
+
     def apply(self, func, args=(), kwds={}):
-        return self.apply_async(func, args, kwds).get()
+        # The caller waits at once: its thread takes the result from the worker itself (no pool
+        # thread between, where none is needed for other tasks' results).
+        return self._apply(func, args, kwds, True).get()
 
     def _stream(self, fn, iterable, chunksize, star):
         self._check_running()

@@ -24,6 +24,12 @@ void Board::request_kill(int w, const std::string& why) {
   monitor.rouse();
 }
 
+void Board::rouse_collector(int w) {
+  if (w < 0 || static_cast<std::size_t>(w) >= here.size()) return;
+  CollectorGate& g = here[w]->gate;
+  if (g.parked && book.needs_collector(w)) g.wake.notify_one();
+}
+
 void Board::fail_every_task(const std::string& why, const std::string& device) {
   std::vector<TaskPtr> doomed;
   {

@@ -56,6 +56,11 @@ struct Board {
   // takes no more hand-overs. A second request, or one for a worker not taking tasks, is ignored.
   void request_kill(int w, const std::string& why);
 
+  // Under `mu`, after a change that may leave worker `w` of this machine with a task no caller
+  // awaits (a hand-over, a caller that stopped waiting): wakes its collector where it sleeps at
+  // the gate (local_slot.hpp). Any other slot is left alone.
+  void rouse_collector(int w);
+
   // Ends every task with `why` and refuses new ones: no worker can run. `device` names where
   // the last failure was, or is empty.
   void fail_every_task(const std::string& why, const std::string& device);

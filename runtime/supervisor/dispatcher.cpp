@@ -54,6 +54,7 @@ void Dispatcher::dispatch() {
     std::unique_lock<std::mutex> lock(b.mu);
     const std::optional<HandOver> h = b.book.next_hand_over(Clock::now());
     if (!h) return;
+    b.rouse_collector(h->worker);  // the result of a task no caller awaits is the collector's
     Slot& slot = *b.slots[h->worker];
     const std::string device = slot.stats.device;
     const bool tally = !h->task->inputs_tallied;  // one hand-over of a task at a time

@@ -44,6 +44,9 @@ struct PoolStats {
   // (arena tensors, CUDA tensors the worker opens by handle) or copied once.
   std::uint64_t input_tensors_zero_copy = 0, input_bytes_zero_copy = 0;
   std::uint64_t input_tensors_copied = 0, input_bytes_copied = 0;
+  // Results taken from a worker by the caller that waited for them (Pool::call), not by a pool
+  // thread.
+  std::uint64_t results_taken_by_callers = 0;
 };
 
 }  // namespace ferry

@@ -98,6 +98,7 @@ std::optional<HandOver> TaskBook::next_hand_over(Clock::time_point now) {
   if (w.handed.empty()) w.head_since = now;
   w.handed.push_back(h.task->id);
   w.records += h.task->records;
+  if (h.task->awaited) ++w.awaited;
   ++w.given;
   h.task->worker = best;
   h.attempt = ++h.task->attempts;
@@ -126,7 +127,7 @@ TaskPtr TaskBook::complete(int worker, TaskId id, std::uint32_t attempt, bool ok
   } else {
     w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), id), w.handed.end());
   }
-  w.records -= std::min(w.records, it->second->records);
+  unhand(w, *it->second);
   if (was_head) {
     if (w.depth) {
       w.depth->record(now - w.head_since, it->second->input_bytes + result_bytes);
@@ -153,7 +154,7 @@ TaskPtr TaskBook::hand_over_failed(const HandOver& h) {
   }
   Worker& w = workers_.at(h.worker);
   w.handed.erase(std::remove(w.handed.begin(), w.handed.end(), h.task->id), w.handed.end());
-  w.records -= std::min(w.records, h.task->records);
+  unhand(w, *h.task);
   if (w.given > 0) --w.given;  // it never reached the process
   ++failed_;
   return end(h.task->id);
@@ -179,6 +180,7 @@ std::vector<TaskPtr> TaskBook::worker_lost(int worker, const std::string& reason
   }
   w.handed.clear();
   w.records = 0;
+  w.awaited = 0;
   // Back to the front, in their old order, so a retry does not wait behind newer work.
   pending_.insert(pending_.begin(), retry.begin(), retry.end());
   retried_ += retry.size();
@@ -197,8 +199,20 @@ std::vector<TaskPtr> TaskBook::take_all() {
   for (Worker& w : workers_) {
     w.handed.clear();
     w.records = 0;
+    w.awaited = 0;
   }
   return all;
+}
+
+int TaskBook::stop_awaiting(TaskId id) {
+  const auto it = open_.find(id);
+  if (it == open_.end() || !it->second->awaited) return -1;
+  Task& t = *it->second;
+  t.awaited = false;
+  if (t.worker < 0) return -1;
+  Worker& w = workers_.at(t.worker);
+  if (w.awaited > 0) --w.awaited;
+  return t.worker;
 }
 
 std::vector<std::pair<int, TaskPtr>> TaskBook::overdue(Clock::time_point now,

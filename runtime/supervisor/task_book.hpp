@@ -15,7 +15,10 @@
 //   lives       with tasks_per_life, a worker's process is handed that many tasks at most; once
 //               their results are in, life_spent() says to replace it (maxtasksperchild);
 //   exactly once every admitted task leaves the book once, by complete(), a failure list, or
-//               take_all(); a result for an attempt that is no longer current is stale.
+//               take_all(); a result for an attempt that is no longer current is stale;
+//   collection  a worker's results need the pool's collector thread while some task handed to
+//               it is not awaited, that is no caller takes its result itself (Pool::call):
+//               needs_collector().
 // A task's life:
 //   admit --> pending --next_hand_over--> handed(worker, attempt)
 //   handed --complete--> ended (result or the worker's task error)
@@ -67,6 +70,9 @@ struct Task {
   std::size_t records = 0;
   // Bytes of its inputs' tensors (the prelude left out: a worker keeps it). Set by admit().
   std::uint64_t input_bytes = 0;
+  // Its caller takes its result from the worker itself (Pool::call): set before admit(),
+  // cleared by stop_awaiting().
+  bool awaited = false;
 };
 using TaskPtr = std::shared_ptr<Task>;
 
@@ -141,6 +147,15 @@ class TaskBook {
   // Ends every open task (returned in admission order) and empties the book.
   std::vector<TaskPtr> take_all();
 
+  // Whether `worker` holds a task whose result no caller takes itself: its collector must run.
+  bool needs_collector(int worker) const {
+    const Worker& w = workers_.at(worker);
+    return w.handed.size() > w.awaited;
+  }
+  // Task `id`'s caller stops taking its result itself (it gave up waiting): the collector takes
+  // it. Returns the worker it is handed to, or -1 (pending, ended, or not awaited).
+  int stop_awaiting(TaskId id);
+
   // Workers whose oldest task has run past `limit` (measured from when it could start: the
   // worker runs its queue in order), with that task.
   std::vector<std::pair<int, TaskPtr>> overdue(Clock::time_point now,
@@ -167,11 +182,17 @@ class TaskBook {
     std::uint64_t given = 0;          // hand-overs to the current process (tasks_per_life_)
     std::deque<TaskId> handed;        // in hand-over order: it runs them in that order
     std::size_t records = 0;          // of the tasks in `handed`
+    std::size_t awaited = 0;          // of the tasks in `handed`, those awaited
     std::size_t record_room = 0;      // records at most; 0: no bound
     Clock::time_point head_since;     // when handed.front() could start
     WorkerCounts counts;
   };
   TaskPtr end(TaskId id);  // out of the book
+  // Task `t` is no longer handed to `w`: the counts of what it holds there drop.
+  static void unhand(Worker& w, const Task& t) noexcept {
+    w.records -= std::min(w.records, t.records);
+    if (t.awaited && w.awaited > 0) --w.awaited;
+  }
 
   bool life_ended(const Worker& w) const noexcept {
     return tasks_per_life_ != 0 && w.timed && w.given >= tasks_per_life_;

@@ -62,24 +62,42 @@ void WorkerFleet::finish_start(int w) {
     std::lock_guard<std::mutex> lock(board_.mu);
     names = board_.task_names;
   }
-  auto failure = p.finish_start(
-      opt_.spec, names,
-      [this, w](Tensors m) {
-        if (auto why = collector_.on_result(w, std::move(m))) board_.request_kill(w, *why);
-      },
-      [this, w](const Error& e) {
-        // A result lost because its worker died goes with the death: the task is retried.
-        if (e.code() == Errc::peer_dead) return;
-        board_.request_kill(w,
-                            "it sent a result the supervisor could not read (" + e.detail() + ")");
-      });
+  CollectorGate& gate = board_.here[w]->gate;
+  {
+    std::lock_guard<std::mutex> lock(board_.mu);
+    gate.closing = false;  // the last process's collector has been joined
+  }
+  Collecting c;
+  c.on_result = [this, w](Tensors m) {
+    if (auto why = collector_.on_result(w, std::move(m))) board_.request_kill(w, *why);
+  };
+  c.on_unreadable = [this, w](const Error& e) {
+    // A result lost because its worker died goes with the death: the task is retried.
+    if (e.code() == Errc::peer_dead) return;
+    board_.request_kill(w, "it sent a result the supervisor could not read (" + e.detail() + ")");
+  };
+  c.until_needed = [this, w, &gate] {
+    std::unique_lock<std::mutex> lock(board_.mu);
+    const auto needed = [&] { return gate.closing || board_.book.needs_collector(w); };
+    if (needed()) return;
+    gate.parked = true;
+    gate.wake.wait(lock, needed);
+    gate.parked = false;
+  };
+  c.closing = [this, &gate] {
+    std::lock_guard<std::mutex> lock(board_.mu);
+    gate.closing = true;
+    gate.wake.notify_one();
+  };
+  c.turn = &gate.turn;
+  auto failure = p.finish_start(opt_.spec, names, std::move(c));
   if (failure) return start_failed(w, *failure);
   if (p.phase() != Phase::Ready) return;  // woken early
   {
     std::lock_guard<std::mutex> lock(board_.mu);
     if (board_.task_names.empty()) board_.task_names = names;
     LocalSlot& x = *board_.here[w];
-    x.open(*p.tasks());
+    x.open(*p.tasks(), *p.results());
     x.kill_request.clear();
     x.stats.pid = p.pid();
     x.stats.start = start_name(p.started_by());
@@ -139,6 +157,7 @@ void WorkerFleet::exited(int w) {
     std::lock_guard<std::mutex> lock(board_.mu);
     board_.book.set_open(w, false);
     board_.here[w]->tasks.reset();
+    board_.here[w]->results.reset();
   }
   // A process that retired after its tasks per life and then exited by itself is replaced, not
   // restarted: no warning, and its (answered) tasks are none to retry.
@@ -303,6 +322,7 @@ void WorkerFleet::stop_workers() {
   std::lock_guard<std::mutex> lock(board_.mu);
   for (LocalSlot* x : board_.here) {
     x->tasks.reset();
+    x->results.reset();
     x->stats.pid = -1;
   }
 }

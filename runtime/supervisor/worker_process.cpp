@@ -19,6 +19,9 @@ std::string who(int id, const std::string& device) {
   return "worker " + std::to_string(id) + " (" + device + ")";
 }
 
+// A collector wakes this often while it waits for results, to see whether it is still needed.
+constexpr std::chrono::milliseconds kCollectSlice{100};
+
 int reap_status(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -46,8 +49,7 @@ WorkerProcess::~WorkerProcess() {
     ::kill(pid_, SIGKILL);
     reap_status(pid_);
   }
-  if (results_) results_->close();
-  if (collector_.joinable()) collector_.join();
+  stop_collector();
 }
 
 std::optional<StartFailure> WorkerProcess::launch(const LaunchSpec& spec, std::vector<int> others,
@@ -147,9 +149,9 @@ void WorkerProcess::send_shared(const NamedTensors& shared) {
   if (!message.empty()) flush_message();
 }
 
-std::optional<StartFailure> WorkerProcess::finish_start(
-    const LaunchSpec& spec, std::vector<std::string>& tasks, std::function<void(Tensors)> on_result,
-    std::function<void(const Error&)> on_unreadable) {
+std::optional<StartFailure> WorkerProcess::finish_start(const LaunchSpec& spec,
+                                                        std::vector<std::string>& tasks,
+                                                        Collecting c) {
   const std::string name = who(id_, device_);
   protocol::Welcome welcome;
   try {
@@ -194,19 +196,23 @@ std::optional<StartFailure> WorkerProcess::finish_start(
   phase_ = Phase::Ready;
   history_ = {};
   TensorQueue results = *results_;
-  collector_ = std::thread([results, on_result = std::move(on_result),
-                            on_unreadable = std::move(on_unreadable)]() mutable {
+  collecting_ = std::move(c);
+  collector_ = std::thread([results, c = collecting_]() mutable {
     // Every exception ends here: a collector that threw would take the supervisor with it.
     for (;;) {
+      c.until_needed();
+      std::lock_guard<std::mutex> turn(*c.turn);
       try {
-        Tensors message = results.recv(kForever);  // ends on close() or the worker's exit
-        on_result(std::move(message));
+        // In slices, so that a collector no longer needed (its worker's tasks all awaited, or
+        // none) goes back to the gate without a message to wake it.
+        std::optional<Tensors> message = results.try_recv(kCollectSlice);
+        if (message) c.on_result(std::move(*message));
       } catch (const Error& e) {
-        if (e.code() == Errc::closed) return;
+        if (e.code() == Errc::closed) return;  // ends on close() or the worker's exit
         if (e.code() == Errc::peer_dead && results.size() == 0) return;
-        on_unreadable(e);  // the message is lost: the supervisor kills the worker and retries
+        c.on_unreadable(e);  // the message is lost: the supervisor kills the worker and retries
       } catch (const std::exception& e) {
-        on_unreadable(Error(Errc::system, std::string("collecting a result: ") + e.what()));
+        c.on_unreadable(Error(Errc::system, std::string("collecting a result: ") + e.what()));
       }
     }
   });
@@ -239,11 +245,20 @@ std::string WorkerProcess::reap() {
   const bool got = ::waitpid(pid_, &status, 0) == pid_;
   std::string how = got ? describe_wait_status(status) : "ended (its status was reaped elsewhere)";
   // Results that arrived before the death are real: the collector delivers them, then stops.
-  if (results_) results_->close();
-  if (collector_.joinable()) collector_.join();
+  stop_collector();
   if (!kill_reason_.empty()) how = kill_reason_ + ", " + how;
   forget_process();
   return how;
+}
+
+void WorkerProcess::stop_collector() {
+  if (results_) results_->close();
+  if (!collector_.joinable()) return;
+  collecting_.closing();
+  collector_.join();
+  // A caller that took a result of this process has ended its task before it let go.
+  { std::lock_guard<std::mutex> wait(*collecting_.turn); }
+  collecting_ = {};
 }
 
 void WorkerProcess::forget_process() {

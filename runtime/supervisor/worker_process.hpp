@@ -18,6 +18,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -52,6 +53,18 @@ struct LaunchSpec {
   NamedTensors shared;  // sent ahead of the hello, to every start (PoolOptions::shared)
 };
 
+// The pool's side of a worker's results, run by its collector thread (finish_start). None of
+// these may throw.
+struct Collecting {
+  std::function<void(Tensors)> on_result;           // a message from the result queue
+  std::function<void(const Error&)> on_unreadable;  // one that could not be read
+  // Returns once the collector is needed: a task handed to the worker is not awaited by a caller
+  // that takes its own result (local_slot.hpp, CollectorGate), or the process is being reaped.
+  std::function<void()> until_needed;
+  std::function<void()> closing;  // makes until_needed() return from now on: a reap
+  std::mutex* turn = nullptr;     // held while a result is received and ended
+};
+
 class WorkerProcess {
  public:
   enum class Phase { Down, Starting, Ready, Failed, Stopped };
@@ -78,11 +91,12 @@ class WorkerProcess {
   // Starting -> Ready, once control_fd() is readable: reads and checks the answer. `tasks` is the
   // pool's task list, set from the first worker that answers; every other must match it. On
   // failure the process is killed and reaped, and the failure returned. On success the collector
-  // thread starts and runs `on_result` for every message on the result queue until reap()
-  // (`on_unreadable` for one it could not read; neither may throw).
+  // thread starts and, whenever it is needed, runs `c.on_result` for every message on the result
+  // queue until reap() (`c.on_unreadable` for one it could not read).
   std::optional<StartFailure> finish_start(const LaunchSpec& spec, std::vector<std::string>& tasks,
-                                           std::function<void(Tensors)> on_result,
-                                           std::function<void(const Error&)> on_unreadable);
+                                           Collecting c);
+  // The result queue, for a caller that takes its own result while it holds the turn.
+  const std::optional<TensorQueue>& results() const noexcept { return results_; }
 
   // Starting, its process ended or its deadline passed: kills, reaps, and says what happened.
   StartFailure start_failed(bool deadline_passed, const LaunchSpec& spec);
@@ -120,6 +134,8 @@ class WorkerProcess {
 
  private:
   void forget_process();  // pid, fds and queues dropped after a reap
+  // Closes the result queue, lets the collector drain it and joins it.
+  void stop_collector();
   // Queues `shared` ahead of the hello. Throws Error(invalid_argument) when a tensor would
   // reach the worker as a copy.
   void send_shared(const NamedTensors& shared);
@@ -133,6 +149,7 @@ class WorkerProcess {
   std::string executable_;  // the spawned program, for messages
   std::optional<TensorQueue> tasks_, results_;
   std::thread collector_;
+  Collecting collecting_;  // the running collector's
   Clock::time_point start_deadline_{}, restart_at_{}, retire_deadline_{};
   bool retiring_ = false;
   StartHistory history_;

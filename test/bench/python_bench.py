@@ -719,9 +719,12 @@ def pool_rows(report, cfg, results):
         try:
             lat = {"ferry": [], "torch": []}
             for kind, pool in pools.items():
+                # apply() on both sides: torch's is apply_async().get(), given a timeout here.
+                apply = (pool.apply if kind == "ferry" else
+                         lambda f, a, p=pool: p.apply_async(f, a).get(TIMEOUT))
                 for _ in range(cfg["apply_calls"]):
                     t0 = time.perf_counter()
-                    if pool.apply_async(noop, (None,)).get(TIMEOUT) is not None:
+                    if apply(noop, (None,)) is not None:
                         raise Failed(f"{kind} {label}: wrong result")
                     lat[kind].append((time.perf_counter() - t0) * 1e6)
             results[label] = lat

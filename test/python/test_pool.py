@@ -65,6 +65,31 @@ def test_imap_imap_unordered_starmap_apply(pool):
     assert r.get(timeout=30) == 144 and r.ready() and r.successful()
 
 
+def test_apply_takes_its_own_result_and_leaves_the_others_to_the_pool(pool):
+    before = pool.stats()["results_taken_by_callers"]
+    assert [pool.apply(square, (i,)) for i in range(50)] == [i * i for i in range(50)]
+    # Each apply's thread took its result from the worker itself.
+    assert pool.stats()["results_taken_by_callers"] - before == 50
+    # Threads calling apply beside apply_async and map: every result comes, once.
+    got = {}
+
+    def apply_many(k):
+        got[k] = [pool.apply(square, (k * 1000 + i,)) for i in range(40)]
+
+    pending = [pool.apply_async(square, (-i,)) for i in range(40)]
+    threads = [threading.Thread(target=apply_many, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    mapped = pool.map(square, range(100))
+    for t in threads:
+        t.join(60)
+    assert [r.get(timeout=30) for r in pending] == [i * i for i in range(40)]
+    assert mapped == [i * i for i in range(100)]
+    assert got == {k: [(k * 1000 + i) ** 2 for i in range(40)] for k in range(3)}
+    with pytest.raises(ZeroDivisionError):
+        pool.apply(lambda: 1 / 0)
+
+
 def test_async_results_wait_time_out_and_report(pool):
     r = pool.apply_async(lambda: (time.sleep(0.5), "late")[1])
     assert not r.ready()

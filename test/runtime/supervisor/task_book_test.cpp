@@ -428,4 +428,55 @@ TEST_CASE("task book: a host's slot has no lives here (its own pool counts them)
   CHECK_FALSE(book.life_spent(host));
 }
 
+TEST_CASE("task book: a worker needs its collector while it holds a task no caller awaits") {
+  TaskBook book(2, 4, 1);  // one retry
+  book.set_open(0, true);
+  CHECK_FALSE(book.needs_collector(0));  // nothing handed: the collector may sleep
+
+  auto awaited = task(0);
+  awaited->awaited = true;
+  const TaskId a = book.admit(awaited, t0);
+  auto ha = book.next_hand_over(t0);
+  REQUIRE(ha);
+  CHECK_FALSE(book.needs_collector(0));  // its caller takes the result
+
+  book.admit(task(1), t0);
+  auto hb = book.next_hand_over(t0);
+  REQUIRE(hb);
+  CHECK(book.needs_collector(0));  // the second one's result is the collector's
+  REQUIRE(book.complete(0, hb->task->id, hb->attempt, true, t0));
+  CHECK_FALSE(book.needs_collector(0));
+
+  SECTION("a caller that stops waiting hands its result to the collector") {
+    CHECK(book.stop_awaiting(a) == 0);
+    CHECK_FALSE(awaited->awaited);
+    CHECK(book.needs_collector(0));
+    CHECK(book.stop_awaiting(a) == -1);  // once
+  }
+  SECTION("an awaited task's end leaves nothing for the collector") {
+    REQUIRE(book.complete(0, a, ha->attempt, true, t0));
+    CHECK_FALSE(book.needs_collector(0));
+    CHECK(book.stop_awaiting(a) == -1);  // ended
+  }
+  SECTION("a retry stays awaited on its next worker") {
+    book.set_open(1, true);
+    CHECK(book.worker_lost(0, "killed").empty());
+    CHECK_FALSE(book.needs_collector(0));
+    auto again = book.next_hand_over(t0);
+    REQUIRE(again);
+    CHECK(again->worker == 1);
+    CHECK_FALSE(book.needs_collector(1));
+    CHECK(book.stop_awaiting(a) == 1);
+    CHECK(book.needs_collector(1));
+  }
+  SECTION("a task still pending has no worker to rouse") {
+    auto later = task(2);
+    later->awaited = true;
+    const TaskId l = book.admit(later, t0);
+    book.set_open(0, false);
+    CHECK(book.stop_awaiting(l) == -1);
+    CHECK_FALSE(later->awaited);
+  }
+}
+
 }  // namespace ferry::supervisor
