@@ -6,6 +6,7 @@
 #include "runtime/pool.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -323,10 +324,11 @@ struct Pool::Call::State {
   TaskPtr task;
   std::promise<Tensors> promise;
   std::shared_future<Tensors> outcome = promise.get_future().share();
+  // Set once `outcome` is: a look at the future itself marks it as waited for, and its setter
+  // then pays a futex wake-up for nobody (the caller that set it, most often).
+  std::atomic<bool> finished{false};
 
-  bool ended() const {
-    return outcome.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
+  bool ended() const { return finished.load(std::memory_order_acquire); }
 
   // Takes one result from the worker that runs the task, waiting up to `slice`, where this
   // thread may: the task is handed to a worker here whose collector is not needed, and no one
@@ -392,6 +394,7 @@ Pool::Call Pool::call(const std::string& task, Tensors inputs, std::chrono::mill
           } else {
             promise->set_value(std::move(r.outputs));
           }
+          alive->finished.store(true, std::memory_order_release);
         }
         keep.reset();
       },
