@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "runtime/ferry.hpp"
 
@@ -83,6 +84,13 @@ int own_worker() {
   const at::Tensor want = (x - x.mean()) / x.std();
   if (out.size() != 1 || !at::allclose(out[0], want)) {
     std::fprintf(stderr, "parent: the worker's normalise gave a wrong result\n");
+    return 1;
+  }
+  // The same through call(), whose waiting thread takes the result itself.
+  ferry::Pool::Call c = pool.call("normalise", {x});
+  std::optional<ferry::Tensors> called = c.wait(std::chrono::seconds(60));
+  if (!called || called->size() != 1 || !at::allclose((*called)[0], want)) {
+    std::fprintf(stderr, "parent: call() of the worker's normalise gave a wrong result\n");
     return 1;
   }
   std::printf("ferry_consumer: own worker ok\n");
