@@ -138,6 +138,7 @@ struct Pool::State {
       if (board.life.closed()) return;
       board.life.begin_close();
       board.changed.notify_all();
+      for (supervisor::LocalSlot* x : board.here) x->gate.wake.notify_one();  // to drain
       if (how == Shutdown::Drain) {
         board.changed.wait_for(lock, opt.drain_timeout,
                                [&] { return board.book.empty() || board.life.kill_asked(); });

@@ -78,7 +78,11 @@ void WorkerFleet::finish_start(int w) {
   };
   c.until_needed = [this, w, &gate] {
     std::unique_lock<std::mutex> lock(board_.mu);
-    const auto needed = [&] { return gate.closing || board_.book.needs_collector(w); };
+    // A closing pool drains whatever it holds, also the results of callers that stopped
+    // waiting without saying so (a Python frame kept by a traceback holds its Call).
+    const auto needed = [&] {
+      return gate.closing || board_.life.closing() || board_.book.needs_collector(w);
+    };
     if (needed()) return;
     gate.parked = true;
     gate.wake.wait(lock, needed);

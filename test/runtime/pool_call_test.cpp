@@ -78,6 +78,21 @@ TEST_CASE("a call no one waits for any more leaves its result to the pool's coll
   CHECK(holds(*out, 8));
 }
 
+TEST_CASE("a pool closing with Drain takes the results of calls still held but not waited on") {
+  PoolOptions o = cpu_pool(1);
+  o.shutdown = Shutdown::Drain;
+  o.drain_timeout = 60s;
+  Pool pool(o);
+  Pool::Call held = pool.call("sleep_echo", delayed(200000, 3));  // never waited on
+  const auto start = Clock::now();
+  pool.close();  // the collector drains it; without it the drain would wait out its 60 s
+  CHECK(Clock::now() - start < 20s);
+  CHECK(pool.stats().completed == 1);
+  std::optional<Tensors> out = held.wait(0ms);
+  REQUIRE(out);
+  CHECK(holds(*out, 3));
+}
+
 TEST_CASE("a call whose worker is SIGKILLed is retried and its caller gets the result") {
   PoolOptions o = cpu_pool(2);
   o.max_retries = 2;
