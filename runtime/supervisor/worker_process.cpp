@@ -200,19 +200,15 @@ std::optional<StartFailure> WorkerProcess::finish_start(const LaunchSpec& spec,
   collector_ = std::thread([results, c = collecting_]() mutable {
     // Every exception ends here: a collector that threw would take the supervisor with it.
     for (;;) {
-      std::unique_lock<std::mutex> turn(*c.turn);
+      // The gate is looked at only while nothing is queued: a stream of results costs no lock
+      // of the board's per result, and a collector on its way back to the gate never holds the
+      // turn that a caller taking its own result wants.
+      if (results.messages() == 0) c.until_needed();
+      std::lock_guard<std::mutex> turn(*c.turn);
       try {
-        // A result already in is taken at once; the gate is looked at only before a wait, so
-        // a stream of results costs no lock of the board's per result.
-        std::optional<Tensors> message = results.try_recv(std::chrono::milliseconds(0));
-        if (!message) {
-          turn.unlock();
-          c.until_needed();
-          turn.lock();
-          // In slices, so that a collector no longer needed (its worker's tasks all awaited, or
-          // none) goes back to the gate without a message to wake it.
-          message = results.try_recv(kCollectSlice);
-        }
+        // In slices, so that a collector no longer needed (its worker's tasks all awaited, or
+        // none) goes back to the gate without a message to wake it.
+        std::optional<Tensors> message = results.try_recv(kCollectSlice);
         if (message) c.on_result(std::move(*message));
       } catch (const Error& e) {
         if (e.code() == Errc::closed) return;  // ends on close() or the worker's exit
