@@ -13,10 +13,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::cpu_pool;
-
-Tensors delayed(std::int64_t micros, std::int64_t value) {
-  return {at::scalar_tensor(micros, at::kLong), at::full({4}, value, at::kLong)};
-}
+using test::delayed;
 
 bool holds(const Tensors& out, std::int64_t value) {
   return out.size() == 1 && out[0].equal(at::full({4}, value, at::kLong));

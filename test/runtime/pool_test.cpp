@@ -34,10 +34,7 @@ namespace {
 using namespace std::chrono_literals;
 
 using test::cpu_pool;
-
-Tensors delayed(std::int64_t micros, std::int64_t value) {
-  return {at::scalar_tensor(micros, at::kLong), at::full({4}, value, at::kLong)};
-}
+using test::delayed;
 
 bool all_dead(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
   const auto deadline = Clock::now() + within;

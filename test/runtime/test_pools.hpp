@@ -16,4 +16,9 @@ inline PoolOptions cpu_pool(int workers, Start start = kUnderTsan ? Start::Spawn
   return o;
 }
 
+// The inputs of the test worker's "sleep_echo": sleep `micros`, then return [4] x `value`.
+inline Tensors delayed(std::int64_t micros, std::int64_t value) {
+  return {at::scalar_tensor(micros, at::kLong), at::full({4}, value, at::kLong)};
+}
+
 }  // namespace ferry::test
