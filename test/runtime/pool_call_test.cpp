@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <random>
 #include <thread>
 
 #include "runtime/pool.hpp"
@@ -103,6 +104,52 @@ TEST_CASE("a call whose worker is SIGKILLed is retried and its caller gets the r
   REQUIRE(out);
   CHECK(holds(*out, 5));
   CHECK(pool.stats().retried >= 1);
+}
+
+TEST_CASE("calls while workers are SIGKILLed at random moments: each ends once, with its value") {
+  PoolOptions o = cpu_pool(2);
+  o.max_retries = 8;
+  Pool pool(o);
+  std::atomic<bool> done{false};
+  std::atomic<int> calls_done{0}, kills{0};
+  std::thread killer([&] {
+    std::mt19937 rng(7);
+    int killed_at = 0;
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 + rng() % 30));
+      if (calls_done - killed_at < 10) continue;  // a kill once some calls have ended since
+      const auto pids = pool.worker_pids();
+      const pid_t victim = pids[rng() % pids.size()];
+      if (victim > 0 && ::kill(victim, SIGKILL) == 0) {
+        ++kills;
+        killed_at = calls_done;
+      }
+    }
+  });
+  int lost = 0;
+  const int calls = test::kUnderTsan ? 150 : 400;
+  for (int i = 0; i < calls; ++i) {
+    Pool::Call c = pool.call("sleep_echo", delayed(i % 3 == 0 ? 2000 : 0, i));
+    try {
+      std::optional<Tensors> out = c.wait(120s);
+      REQUIRE(out);
+      REQUIRE(holds(*out, i));
+    } catch (const TaskError& e) {
+      CHECK(e.code() == Errc::worker_lost);  // its retries spent on kills
+      ++lost;
+    }
+    ++calls_done;
+  }
+  done = true;
+  killer.join();
+  CHECK(kills >= 3);
+  const PoolStats s = pool.stats();
+  CHECK(s.completed + static_cast<std::uint64_t>(lost) == static_cast<std::uint64_t>(calls));
+  WARN(kills << " kills, " << s.retried << " retries, " << lost << " calls lost, "
+             << s.results_taken_by_callers << " results taken by their callers");
+  std::optional<Tensors> after = pool.call("sleep_echo", delayed(0, -1)).wait(60s);
+  REQUIRE(after);
+  CHECK(holds(*after, -1));
 }
 
 TEST_CASE("a call that fails throws its TaskError from wait()") {
