@@ -383,17 +383,14 @@ Pool::Call Pool::call(const std::string& task, Tensors inputs, std::chrono::mill
                       PreludePtr prelude, std::shared_ptr<void> keep) {
   auto c = std::make_shared<Call::State>();
   c->pool = s_;
-  auto* promise = &c->promise;
-  // The promise is the call's, which outlives the task's end (Call::State holds the task).
   c->task = s_->submit(
       task, std::move(inputs), std::nullopt, timeout,
-      [promise, caller = std::weak_ptr<Call::State>(c),
-       keep = std::move(keep)](Result&& r) mutable {
-        if (auto alive = caller.lock()) {
+      [caller = std::weak_ptr<Call::State>(c), keep = std::move(keep)](Result&& r) mutable {
+        if (auto alive = caller.lock()) {  // a Call dropped unfinished takes nothing
           if (r.error) {
-            promise->set_exception(r.error);
+            alive->promise.set_exception(r.error);
           } else {
-            promise->set_value(std::move(r.outputs));
+            alive->promise.set_value(std::move(r.outputs));
           }
           alive->finished.store(true, std::memory_order_release);
         }
@@ -408,10 +405,8 @@ std::optional<Tensors> Pool::Call::wait(std::chrono::milliseconds timeout) {
   const bool forever = timeout.count() < 0;
   const Clock::time_point deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
   for (;;) {
-    if (c.ended()) {
-      c.stop_awaiting();
-      return c.outcome.get();  // or throws the task's error
-    }
+    // An ended task has left the book, and its awaited count with it: nothing to stop.
+    if (c.ended()) return c.outcome.get();  // or throws the task's error
     const Clock::time_point now = Clock::now();
     if (now >= deadline) return std::nullopt;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
@@ -427,7 +422,7 @@ std::optional<Tensors> Pool::Call::wait(std::chrono::milliseconds timeout) {
 }
 
 Pool::Call::~Call() {
-  if (!s_) return;  // moved from
+  if (!s_ || s_->ended()) return;  // moved from, or nothing left to stop
   try {
     s_->stop_awaiting();
   } catch (...) {
