@@ -219,6 +219,45 @@ for x, y in zip(xs, ys):
   }
 }
 
+TEST_CASE("ferry run --input sends each task's inputs zero-copy, moved into shared memory once",
+          "[fork]") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  // 40 tasks over 3 storages, two of them through views as well (a transpose, a slice): each
+  // storage moves once, and every view reads its own values after the move. The 0-d tensor is
+  // left where it is: it travels inside its wire record, as it did before.
+  REQUIRE(python(dir, R"(
+d = sys.argv[1]
+g = torch.Generator().manual_seed(5)
+a, b = torch.randn(64, 64, generator=g), torch.randn(32, 16, dtype=torch.float64, generator=g)
+c = torch.arange(4096, dtype=torch.int32).reshape(64, 64)
+xs = [[a, a.t(), b, b[3:9], c][i % 5] for i in range(40)]
+torch.save(xs, d + '/in.pt')
+torch.save(xs + [torch.tensor(2.5)], d + '/in_small.pt')
+)"));
+  for (const char* in : {"in.pt", "in_small.pt"}) {
+    const Ran r = run(dir,
+                      "run --json --task square --workers 2 --input " + (dir / in) + " --output " +
+                          (dir / "out.pt"),
+                      "FERRY_LOG=debug ");
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.err, Catch::Contains("moved into shared memory once, sent zero-copy"));
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("inputs").at("bytes_zero_copy").get<std::uint64_t>() > 0);
+    CHECK(j.at("inputs").at("bytes_copied") == 0);
+    CHECK(python(dir,
+                 "d = sys.argv[1]\n"
+                 "xs = torch.load(d + '/" +
+                     std::string(in) + R"(')
+ys = torch.load(d + '/out.pt', weights_only=True)
+assert len(ys) == len(xs), (len(xs), len(ys))
+for x, y in zip(xs, ys):
+    assert y.dtype == x.dtype and torch.equal(y, x * x), (x, y)
+)"));
+  }
+}
+
 TEST_CASE("ferry run --input takes a dict, and lists, tuples or dicts of several tensors a task",
           "[fork]") {
   if (skip_without_python_torch()) return;
