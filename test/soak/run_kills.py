@@ -28,6 +28,8 @@ _KINDS = [
     ("bfloat16", (2, 4), "randn"),
     ("float32", (5, 3), "randn_t"),           # saved transposed: not contiguous
     ("float32", (0, 3), "randn"),             # empty
+    ("float32", (8, 16), "randn"),            # over a record's 176 bytes: moved into shared
+                                              # memory once, sent zero-copy to the workers
 ]
 
 
@@ -223,6 +225,9 @@ def run(ctx, p):
         if summary.get("tasks") != p["tasks"] or summary.get("failed") != 0:
             problems.append(f"the summary counts {summary.get('tasks')} tasks and "
                             f"{summary.get('failed')} failures for {p['tasks']} inputs")
+        if not summary.get("inputs", {}).get("bytes_zero_copy"):
+            problems.append("no input went zero-copy: the [8, 16] ones were to be moved into "
+                            f"shared memory once (the summary's inputs: {summary.get('inputs')})")
     # Whatever outlived the supervisor was reparented to us (a subreaper).
     left = procs.wait_gone(sorted(killer.seen) + procs.strays(), 1.0)
     if left:
