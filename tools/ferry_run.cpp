@@ -17,7 +17,7 @@
 #include "ipc/cuda/gate.hpp"
 #include "ipc/log.hpp"
 #include "ipc/names.hpp"
-#include "ipc/wire.hpp"
+#include "runtime/transport_table.hpp"
 #include "tools/ferry_hosts.hpp"
 #include "tools/ferry_report.hpp"
 #include "tools/input_sharing.hpp"
@@ -116,15 +116,18 @@ class Batches {
     return made_[j];
   }
 
-  // The storages of --input that a send would copy, each once: CPU and dense, too large for a
-  // wire record.
+  // The storages of --input that a send would copy into the arena, each once: those of a view
+  // that the send's own rule (detail::choose) does not carry inside its record. Rows of one
+  // tensor saved as a list (`list(x)`) travel in their records as they are, and stay.
   std::vector<at::Tensor> copied_on_send() const {
     std::vector<at::Tensor> out;
     std::unordered_set<const void*> seen;
     for (const auto& task : given_) {
       for (const auto& t : task) {
-        if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) continue;
-        if (ferry::is_shared(t) || t.storage().nbytes() <= ferry::wire::kInlineBytes) continue;
+        if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) continue;
+        if (t.layout() != at::kStrided) continue;  // share_ takes dense tensors only
+        const ferry::detail::Sending s = ferry::detail::sending(t, false);
+        if (s.shared || ferry::detail::choose(s) != ferry::detail::Carrier::shm_cpu) continue;
         if (seen.insert(t.storage().unsafeGetStorageImpl()).second) out.push_back(t);
       }
     }

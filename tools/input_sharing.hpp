@@ -18,10 +18,10 @@ struct InputSharing {
   std::string why;  // for FERRY_LOG=debug: the figures the choice was made on
 };
 
-// `bytes`: the input storages a send would copy, each counted once however many tasks or views
-// name it (storages small enough to travel inside a wire record are left out: a record carries
-// them cheaper than a lease). `staged_on_device`: the run moves each batch to its workers' CUDA
-// device before sending it, so the CPU copy is never sent.
+// `bytes`: the input storages a send would copy into shared memory, each counted once however
+// many tasks or views name it (a storage whose views all travel inside their wire records is left
+// out: a record carries them cheaper than a lease). `staged_on_device`: the run moves each batch to
+// its workers' CUDA device before sending it, so the CPU copy is never sent.
 InputSharing choose_input_sharing(std::uint64_t bytes, bool staged_on_device);
 
 }  // namespace ferry::tools

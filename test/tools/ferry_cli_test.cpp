@@ -258,6 +258,25 @@ for x, y in zip(xs, ys):
   }
 }
 
+TEST_CASE("ferry run --input leaves rows of one tensor where they are: each travels in its record",
+          "[fork]") {
+  if (skip_without_python_torch()) return;
+  TempDir dir;
+  // list(x) saves 40 views of one 1280-byte storage, each row 32 bytes: a record carries a row
+  // cheaper than a lease on a shared block would, so nothing moves.
+  REQUIRE(python(dir,
+                 "torch.save(list(torch.arange(320.).reshape(40, 8)), sys.argv[1] + "
+                 "'/rows.pt')\n"));
+  const Ran r = run(dir, "run --json --task square --workers 2 --input " + (dir / "rows.pt"),
+                    "FERRY_LOG=debug ");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, Catch::Contains("--input: no input storage travels outside a wire record"));
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("tasks") == 40);
+  CHECK(j.at("failed") == 0);
+}
+
 TEST_CASE("ferry run --input takes a dict, and lists, tuples or dicts of several tensors a task",
           "[fork]") {
   if (skip_without_python_torch()) return;
